@@ -1,0 +1,22 @@
+"""Moving push-sum shares between nodes: the messages, and the backends that move them.
+
+The transport knows nothing about algorithms (STYLE.md 2.9): topology says *who*,
+mixing weights say *how much*, this package says *how messages move*.  Ray is imported
+lazily, only by the Ray backend.
+"""
+
+from .inprocess import check_routing, route_shares, run_iteration, run_iterations
+from .messages import REDUCE_OPS, Contribution, IterationLog, Node, Share, reduce_contributions
+
+__all__ = [
+    "Share",
+    "Contribution",
+    "Node",
+    "IterationLog",
+    "REDUCE_OPS",
+    "reduce_contributions",
+    "run_iteration",
+    "run_iterations",
+    "route_shares",
+    "check_routing",
+]
