@@ -4,4 +4,15 @@ Unlike the core, this package may import :mod:`flower_dp.clients` and
 :mod:`flower_dp.strategies`.
 """
 
-__all__: list[str] = []
+from .config import ExperimentConfig, config_from_dict, load_config
+from .runner import RunResult, build_experiment, evaluate_params, run_experiment
+
+__all__ = [
+    "ExperimentConfig",
+    "config_from_dict",
+    "load_config",
+    "RunResult",
+    "build_experiment",
+    "evaluate_params",
+    "run_experiment",
+]

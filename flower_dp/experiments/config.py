@@ -1,0 +1,148 @@
+"""Experiment configs: plain TOML files with defaults, validated all at once.
+
+A config has five tables::
+
+    [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes
+    [data]       dataset, root, partition, alpha, samples_per_node, test_samples
+    [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
+    [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
+    [algorithm]  name, and [algorithm.params] checked by the algorithm's own parameter class
+
+Every unknown key or bad value is collected and reported together in one
+:class:`flower_dp.errors.ConfigError`, naming the key, the value and what is valid.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["ExperimentConfig", "load_config", "config_from_dict", "SECTIONS"]
+
+#: Allowed keys per section with their defaults (None = required or "use the library default").
+SECTIONS: dict[str, dict[str, Any]] = {
+    "run": {
+        "name": "run",
+        "seed": 0,
+        "num_iters": 100,
+        "eval_every": 50,
+        "out_dir": None,
+        "checkpoint": True,
+        "eval_nodes": False,
+        "progress": True,
+    },
+    "data": {
+        "dataset": "fashion_mnist",
+        "root": None,
+        "partition": "shuffle_split",
+        "alpha": 0.5,
+        "samples_per_node": None,
+        "test_samples": None,
+    },
+    "model": {"name": "shallow_cnn"},
+    "topology": {"name": "exp_one_peer", "n_nodes": 8},
+    "algorithm": {"name": "dyn_d2p", "params": {}},
+}
+#: Sections whose extra keys are passed through as keyword arguments.
+_PASSTHROUGH = {"model", "topology"}
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    """A validated experiment configuration (see the module docstring for the keys)."""
+
+    run: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    topology: dict[str, Any] = field(default_factory=dict)
+    algorithm: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.topology["n_nodes"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(asdict(self))
+
+    def with_overrides(self, overrides: dict[str, Any]) -> ExperimentConfig:
+        """A new config with dotted-key overrides applied, e.g. ``{"run.num_iters": 10}``."""
+        raw = self.to_dict()
+        for dotted, value in overrides.items():
+            parts = dotted.split(".")
+            target = raw
+            for p in parts[:-1]:
+                target = target.setdefault(p, {})
+            target[parts[-1]] = value
+        return config_from_dict(raw)
+
+
+def _check_int(problems: list[str], key: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        problems.append(f"{key} must be an integer >= {minimum}, got {value!r}")
+
+
+def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
+    """Validate a raw dict (as parsed from TOML) and fill defaults.
+
+    Raises
+    ------
+    ConfigError
+        Listing every unknown section/key and every invalid value found.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a config must be a table of sections, got {type(raw).__name__}")
+    problems: list[str] = []
+    for section in raw:
+        if section not in SECTIONS:
+            problems.append(f"unknown section [{section}]; valid sections are {sorted(SECTIONS)}")
+    out: dict[str, dict[str, Any]] = {}
+    for section, defaults in SECTIONS.items():
+        given = raw.get(section, {})
+        if not isinstance(given, dict):
+            problems.append(f"[{section}] must be a table, got {given!r}")
+            given = {}
+        merged = copy.deepcopy(defaults)
+        for key, value in given.items():
+            if key not in defaults and section not in _PASSTHROUGH:
+                problems.append(f"unknown key {section}.{key}; valid keys are {sorted(defaults)}")
+                continue
+            merged[key] = value
+        out[section] = merged
+
+    run, data, topo, alg = out["run"], out["data"], out["topology"], out["algorithm"]
+    _check_int(problems, "run.seed", run["seed"], 0)
+    _check_int(problems, "run.num_iters", run["num_iters"], 1)
+    _check_int(problems, "run.eval_every", run["eval_every"], 1)
+    _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
+    for key in ("samples_per_node", "test_samples"):
+        if data[key] is not None:
+            _check_int(problems, f"data.{key}", data[key], 1)
+    for section in ("model", "topology", "algorithm"):
+        if not isinstance(out[section].get("name"), str):
+            problems.append(f"{section}.name must be a string, got {out[section].get('name')!r}")
+    if not isinstance(alg.get("params"), dict):
+        problems.append(f"algorithm.params must be a table, got {alg.get('params')!r}")
+    if problems:
+        raise ConfigError(
+            "invalid experiment config:\n  - " + "\n  - ".join(problems) + "\nfix these keys and run again",
+            problems,
+        )
+    return ExperimentConfig(**out)
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read a TOML config file and validate it (see :func:`config_from_dict`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass the path of a .toml file")
+    try:
+        raw = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
+    cfg = config_from_dict(raw)
+    return cfg.with_overrides(overrides) if overrides else cfg

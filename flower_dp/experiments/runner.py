@@ -1,0 +1,289 @@
+"""The in-process runner: build n nodes from a config, run K gossip iterations, report.
+
+Every ``eval_every`` iterations (a *segment*) the runner evaluates the network-average
+model on the test set, appends a history row, writes ``results.json`` and
+``history.csv`` and a checksummed checkpoint (atomically), so a crash loses at most one
+segment and ``resume=True`` continues with exactly the numbers of an uninterrupted run.
+
+The privacy numbers in the results come from the algorithm's plan and nodes: per node,
+the rigorous eps of the noise actually added next to the paper formula's eps.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import results as rio
+from ..errors import CheckpointError, NonFiniteError
+from ..gossip import run_iteration
+from .config import ExperimentConfig
+
+__all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params"]
+
+
+@dataclass
+class RunResult:
+    """What a run produced (also written to ``out_dir/results.json``)."""
+
+    status: str
+    history: list[dict[str, Any]]
+    privacy: dict[str, Any]
+    final_accuracy: float
+    out_dir: Path | None
+    wall_time_s: float
+    nodes: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def eps_rigorous_max(self) -> float:
+        vals = [p.get("eps_rigorous", float("nan")) for p in self.privacy.get("per_node", [])]
+        return max(vals) if vals else float("nan")
+
+
+def _loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits, y)
+
+
+@torch.no_grad()
+def evaluate_params(model: torch.nn.Module, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: int = 1000):
+    """Accuracy and mean cross-entropy of ``model`` with flat parameters ``flat`` on (x, y)."""
+    from ..mechanisms import load_flat_params_
+
+    load_flat_params_(model, flat)
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for s in range(0, len(x), batch):
+        logits = model(x[s : s + batch])
+        loss_sum += float(torch.nn.functional.cross_entropy(logits, y[s : s + batch], reduction="sum"))
+        correct += int((logits.argmax(1) == y[s : s + batch]).sum())
+    n = max(len(x), 1)
+    return correct / n, loss_sum / n
+
+
+def build_experiment(cfg: ExperimentConfig):
+    """Load data, partition it, build the topology, the plan and the nodes.
+
+    Returns ``(nodes, plan, topology, (x_test, y_test), eval_model, info)``.
+    """
+    from ..data import load_dataset, partition
+    from ..models import build_model
+    from ..topology import make_topology
+    from ..clients.registry import make_node, prepare
+
+    seed = int(cfg.run["seed"])
+    n = cfg.n_nodes
+    data = cfg.data
+    train = load_dataset(data["dataset"], train=True, root=data["root"])
+    test = load_dataset(data["dataset"], train=False, root=data["root"])
+    parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
+    if data["samples_per_node"]:
+        parts = [p[: int(data["samples_per_node"])] for p in parts]
+    x_test, y_test = test.x, test.y
+    if data["test_samples"]:
+        x_test, y_test = x_test[: int(data["test_samples"])], y_test[: int(data["test_samples"])]
+
+    model_kw = {k: v for k, v in cfg.model.items() if k != "name"}
+    topo_kw = {k: v for k, v in cfg.topology.items() if k not in ("name", "n_nodes")}
+    topology = make_topology(cfg.topology["name"], n, **topo_kw)
+
+    def new_model():
+        return build_model(cfg.model["name"], num_classes=train.num_classes, seed=seed, **model_kw)
+
+    eval_model = new_model()
+    dim = sum(p.numel() for p in eval_model.parameters())
+    plan = prepare(
+        cfg.algorithm["name"],
+        dict(cfg.algorithm["params"]),
+        n_nodes=n,
+        samples_per_node=[len(p) for p in parts],
+        num_iters=int(cfg.run["num_iters"]),
+        dim=dim,
+        seed=seed,
+    )
+    nodes = []
+    for i in range(n):
+        idx = torch.as_tensor(parts[i], dtype=torch.long)
+        nodes.append(
+            make_node(
+                plan,
+                node_id=i,
+                topology=topology,
+                model=new_model(),
+                loss_fn=_loss_fn,
+                data_x=train.x[idx],
+                data_y=train.y[idx],
+            )
+        )
+    info = {
+        "dataset": train.name,
+        "synthetic_data": bool(getattr(train, "synthetic", False)),
+        "samples_per_node": [len(p) for p in parts],
+        "test_samples": len(x_test),
+        "dim": dim,
+        "topology": topology.name,
+    }
+    return nodes, plan, topology, (x_test, y_test), eval_model, info
+
+
+def _network_average(nodes) -> torch.Tensor:
+    flats = [n.eval_params().detach().to("cpu", torch.float64) for n in nodes]
+    return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
+
+
+def _plan_num_iters(plan, requested: int) -> int:
+    return int(getattr(plan, "num_iters", requested) or requested)
+
+
+def _privacy_section(plan, nodes) -> dict[str, Any]:
+    per_node = []
+    for node in nodes:
+        rep = dict(node.privacy_report())
+        rep["node"] = node.node_id
+        per_node.append(rep)
+    summary = getattr(plan, "summary", None)
+    return {"per_node": per_node, "plan": summary() if callable(summary) else {}}
+
+
+def _progress(total: int, enabled: bool, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    quiet = not enabled or os.environ.get("CI") or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, disable=bool(quiet), unit="it", leave=False)
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    progress: bool | None = None,
+) -> RunResult:
+    """Run ``cfg`` in-process and return (and, with ``out_dir``, write) its results.
+
+    Parameters
+    ----------
+    cfg : ExperimentConfig
+        A validated config (:func:`flower_dp.experiments.load_config`).
+    out_dir : path, optional
+        Where ``results.json``, ``history.csv`` and ``checkpoint.pt`` go (default ``cfg.run["out_dir"]``;
+        ``None`` writes nothing).
+    resume : bool
+        Continue from ``out_dir/checkpoint.pt`` (same config); the resumed run ends with the same
+        numbers as an uninterrupted one.
+    progress : bool, optional
+        Show a progress bar (default from the config; always quiet when stderr is not a terminal or ``CI`` is set).
+    """
+    torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
+    t0 = time.perf_counter()
+    out = out_dir if out_dir is not None else cfg.run.get("out_dir")
+    out_path = rio.ensure_writable_dir(out) if out else None
+    nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
+    K = _plan_num_iters(plan, int(cfg.run["num_iters"]))
+    eval_every = int(cfg.run["eval_every"])
+    history: list[dict[str, Any]] = []
+    bits = np.zeros(len(nodes), dtype=np.int64)
+    k_start = 0
+    if resume:
+        if out_path is None:
+            raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
+        ckpt = rio.load_checkpoint(out_path)
+        if ckpt.get("config") != cfg.to_dict():
+            raise CheckpointError(
+                f"the checkpoint in {str(out_path)!r} was written by a different config; "
+                "resume with the same config or use a new --out folder"
+            )
+        for node, state in zip(nodes, ckpt["nodes"]):
+            node.load_state_dict(state)
+        history, bits, k_start = ckpt["history"], np.asarray(ckpt["bits"], dtype=np.int64), int(ckpt["k"])
+    else:
+        for node in nodes:
+            node.setup()
+
+    status, error = "running", None
+
+    def write(status_now: str) -> None:
+        if out_path is None:
+            return
+        doc = {
+            "name": cfg.run["name"],
+            "status": status_now,
+            "error": error,
+            "config": cfg.to_dict(),
+            "seed": cfg.run["seed"],
+            "algorithm": cfg.algorithm["name"],
+            "backend": "inprocess",
+            "num_iters_requested": int(cfg.run["num_iters"]),
+            "num_iters": K,
+            "info": info,
+            "history": history,
+            "privacy": _privacy_section(plan, nodes),
+            "bits_sent_per_node": bits.tolist(),
+            "wall_time_s": time.perf_counter() - t0,
+            "versions": rio.versions(),
+        }
+        rio.write_json(out_path / "results.json", doc)
+        rio.write_csv(out_path / "history.csv", history)
+
+    show = cfg.run.get("progress", True) if progress is None else progress
+    bar = _progress(K - k_start, show, cfg.run["name"])
+    k = k_start
+    try:
+        while k < K:
+            k_stop = min(K, (k // eval_every + 1) * eval_every)
+            seg_metrics: dict[str, list[float]] = {}
+            for kk in range(k, k_stop):
+                log = run_iteration(nodes, kk, receivers=topology.out_neighbors)
+                for i, b in log.bits_sent.items():
+                    bits[i] += b
+                for node in nodes:
+                    for key, v in node.last_metrics().items():
+                        seg_metrics.setdefault(key, []).append(float(v))
+                if bar is not None:
+                    bar.update(1)
+            k = k_stop
+            avg = _network_average(nodes)
+            if not bool(torch.isfinite(avg).all()):
+                raise NonFiniteError(f"the network-average model became non-finite by iteration {k - 1}", step=k - 1)
+            acc, loss = evaluate_params(eval_model, avg, x_test, y_test)
+            row: dict[str, Any] = {"k": k, "acc_avg": acc, "test_loss_avg": loss, "bits_total": int(bits.sum())}
+            if cfg.run.get("eval_nodes"):
+                accs = [evaluate_params(eval_model, nd.eval_params(), x_test, y_test)[0] for nd in nodes]
+                row["acc_nodes_mean"] = float(np.mean(accs))
+            for key, vals in seg_metrics.items():
+                row[key] = float(np.nanmean(vals)) if vals else float("nan")
+            history.append(row)
+            if out_path is not None and cfg.run.get("checkpoint", True):
+                rio.save_checkpoint(
+                    out_path,
+                    {"config": cfg.to_dict(), "k": k, "nodes": [n.state_dict() for n in nodes],
+                     "history": history, "bits": bits.tolist()},
+                )
+            write("running")
+        status = "finished" if K == int(cfg.run["num_iters"]) else "stopped_by_budget"
+    except NonFiniteError as exc:
+        status, error = "failed", str(exc)
+        write(status)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    write(status)
+    final_acc = history[-1]["acc_avg"] if history else float("nan")
+    return RunResult(
+        status=status,
+        history=history,
+        privacy=_privacy_section(plan, nodes),
+        final_accuracy=final_acc,
+        out_dir=out_path,
+        wall_time_s=time.perf_counter() - t0,
+        nodes=list(nodes),
+    )

@@ -1,0 +1,169 @@
+"""Results files and checkpoints, written so that nothing half-written is ever read.
+
+Every file is written to a temporary name in the same folder, flushed, fsynced and
+renamed over the target (``os.replace`` is atomic on POSIX), so a crash leaves either
+the old file or the new one.  Checkpoints carry a SHA-256 checksum of their payload
+and are refused with :class:`flower_dp.errors.CheckpointError` when it does not match.
+
+The results file (``results.json``) has the same layout for every backend::
+
+    {"config": ..., "seed": ..., "algorithm": ..., "status": "running|finished|stopped|failed",
+     "history": [{"k": ..., "acc_avg": ..., "loss_avg": ..., "bits_total": ..., ...}, ...],
+     "privacy": {"per_node": [{"node": i, "eps_rigorous": ..., "eps_paper": ..., ...}], ...},
+     "bits_sent_per_node": [...], "wall_time_s": ..., "versions": {...}}
+
+and ``history.csv`` holds the same history rows as a table.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+__all__ = [
+    "atomic_write_bytes",
+    "write_json",
+    "write_csv",
+    "ensure_writable_dir",
+    "save_checkpoint",
+    "load_checkpoint",
+    "versions",
+    "jsonable",
+]
+
+CHECKPOINT_NAME = "checkpoint.pt"
+_MAGIC = b"FLOWERDP-CKPT1\n"
+
+
+def ensure_writable_dir(path: str | Path) -> Path:
+    """Create ``path`` if needed and check it is writable; raise ``ValueError`` naming it otherwise."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"results directory {str(p)!r} is not writable ({exc.strerror or exc}); "
+            "pass --out with a folder you can write to"
+        ) from exc
+    return p
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file + fsync + rename)."""
+    p = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert numpy/torch scalars and arrays, paths and non-finite floats into JSON values.
+
+    Non-finite floats become the strings ``"inf"``, ``"-inf"`` and ``"nan"`` (JSON has no such numbers).
+    """
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "item"):
+        return jsonable(obj.item())
+    return str(obj)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON, atomically."""
+    atomic_write_bytes(path, (json.dumps(jsonable(obj), indent=2, sort_keys=False) + "\n").encode())
+
+
+def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> None:
+    """Write a list of flat dicts as CSV (union of keys as columns), atomically."""
+    cols: list[str] = []
+    for r in rows:
+        for key in r:
+            if key not in cols:
+                cols.append(key)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: jsonable(v) for k, v in r.items()})
+    atomic_write_bytes(path, buf.getvalue().encode())
+
+
+def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
+    """Save ``state`` (tensors, numbers, dicts) to ``directory/checkpoint.pt`` with a checksum."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getvalue()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    path = Path(directory) / CHECKPOINT_NAME
+    atomic_write_bytes(path, _MAGIC + digest + b"\n" + payload)
+    return path
+
+
+def load_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """Load and verify a checkpoint written by :func:`save_checkpoint`.
+
+    Raises
+    ------
+    CheckpointError
+        If the file is missing, truncated, or its checksum does not match.
+    """
+    import torch
+
+    path = Path(directory) / CHECKPOINT_NAME
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {str(path)!r}; nothing to resume (run without --resume)")
+    raw = path.read_bytes()
+    if not raw.startswith(_MAGIC):
+        raise CheckpointError(f"{str(path)!r} is not a flower-dp checkpoint (bad header); delete it or start a new run")
+    rest = raw[len(_MAGIC) :]
+    digest, _, payload = rest.partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} is corrupted (checksum mismatch); it was not loaded. "
+            "Delete it to restart from scratch"
+        )
+    return torch.load(io.BytesIO(payload), weights_only=False)
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and the packages that determine the numbers of a run."""
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("flower-dp", "torch", "numpy", "dp-accounting", "flwr", "ray", "scipy"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
