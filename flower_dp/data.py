@@ -1,0 +1,247 @@
+"""Datasets (offline first) and partitioning across nodes.
+
+Fashion-MNIST is read from its IDX files: the Debian package ``dataset-fashion-mnist``
+(``/usr/share/datasets/fashion-mnist/``), a torchvision-style root
+(``<root>/FashionMNIST/raw/``), or a torchvision download where the network allows.
+MNIST and CIFAR-10 come through torchvision when available.  A synthetic stand-in is
+only ever used when asked for by name (``synthetic_mnist`` ...), and says so in its
+``name`` and ``synthetic`` flag.
+
+Partitions are lists of index arrays, deterministic given the seed; per-node sample
+counts ``J_i = len(part_i)`` feed the accountants (sampling rate ``q = B / J_i``).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ._checks import check_choice, check_int, check_positive
+
+__all__ = ["ArrayDataset", "load_dataset", "partition", "DATASETS", "PARTITION_SCHEMES", "FASHION_MNIST_DIR"]
+
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+DATASETS = ("fashion_mnist", "mnist", "cifar10", "synthetic_fashion_mnist", "synthetic_mnist", "synthetic_cifar10")
+PARTITION_SCHEMES = ("shuffle_split", "iid", "dirichlet")
+_STATS = {  # per-channel mean/std of the training sets
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+}
+_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
+_SIZES = {"fashion_mnist": (60000, 10000), "mnist": (60000, 10000), "cifar10": (50000, 10000)}
+
+
+@dataclass(frozen=True)
+class ArrayDataset:
+    """An in-memory labelled dataset.
+
+    Attributes
+    ----------
+    x : Tensor, shape (N, C, H, W), float32, normalised per channel
+    y : Tensor, shape (N,), int64 class labels in [0, num_classes)
+    num_classes : int
+    name : str
+        Includes ``synthetic`` for stand-ins.
+    synthetic : bool
+    """
+
+    x: torch.Tensor
+    y: torch.Tensor
+    num_classes: int
+    name: str
+    synthetic: bool = False
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def _read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    magic = int.from_bytes(data[0:4], "big")
+    ndim = magic & 0xFF
+    if magic >> 8 != 0x08:
+        raise ValueError(f"{path} is not an unsigned-byte IDX file (magic {magic:#x})")
+    dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def _find_idx(folder: Path, stem: str) -> Path | None:
+    for name in (f"{stem}.gz", stem):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def _idx_folders(root: str | None, tv_name: str) -> list[Path]:
+    out = []
+    if root:
+        out += [Path(root), Path(root) / tv_name / "raw"]
+    env = os.environ.get("FLOWER_DP_DATA")
+    if env:
+        out += [Path(env), Path(env) / tv_name / "raw"]
+    if tv_name == "FashionMNIST":
+        out.append(FASHION_MNIST_DIR)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _load_mnist_like(name: str, train: bool, root: str | None) -> tuple[np.ndarray, np.ndarray]:
+    tv_name = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST"}[name]
+    prefix = "train" if train else "t10k"
+    for folder in _idx_folders(root, tv_name):
+        img = _find_idx(folder, f"{prefix}-images-idx3-ubyte")
+        lab = _find_idx(folder, f"{prefix}-labels-idx1-ubyte")
+        if img and lab:
+            return _read_idx(img), _read_idx(lab)
+    arrays = _torchvision(name, train, root)
+    if arrays is not None:
+        return arrays
+    hint = "apt-get install dataset-fashion-mnist, or " if name == "fashion_mnist" else ""
+    raise FileNotFoundError(
+        f"dataset {name!r} not found in {[str(p) for p in _idx_folders(root, tv_name)]} and torchvision could not "
+        f"download it (no network?); {hint}put the IDX files under a folder and pass it as root "
+        f"(or set FLOWER_DP_DATA), or ask for the clearly labelled stand-in 'synthetic_{name}'"
+    )
+
+
+def _torchvision(name: str, train: bool, root: str | None):
+    try:
+        import torchvision.datasets as tvd
+    except Exception:  # torchvision missing or broken beside this torch
+        return None
+    cls = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10"}[name]
+    target = root or os.environ.get("FLOWER_DP_DATA") or str(Path.home() / ".cache" / "flower_dp")
+    try:
+        ds = getattr(tvd, cls)(target, train=train, download=True)
+    except Exception:
+        return None
+    x = np.asarray(ds.data)
+    y = np.asarray(ds.targets)
+    return x, y
+
+
+@functools.lru_cache(maxsize=8)
+def _synthetic(base: str, train: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable stand-in: 10 fixed class templates plus Gaussian pixel noise, uint8 like the real data."""
+    shape = _SHAPES[base]
+    n = _SIZES[base][0 if train else 1]
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(hash(base) % (2**31),)))
+    templates = rng.uniform(0, 255, size=(10, *shape))
+    rng_split = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1 if train else 2,)))
+    y = rng_split.integers(0, 10, size=n)
+    x = templates[y] * 0.5 + rng_split.normal(127.0, 60.0, size=(n, *shape)) * 0.5
+    x = np.clip(x, 0, 255).astype(np.uint8)
+    if shape[0] == 3:
+        x = x.transpose(0, 2, 3, 1)  # store HWC like torchvision's CIFAR
+    else:
+        x = x[:, 0]
+    return x, y
+
+
+def _to_dataset(x: np.ndarray, y: np.ndarray, base: str, name: str, synthetic: bool) -> ArrayDataset:
+    xt = torch.from_numpy(np.array(x, dtype=np.float32)) / 255.0
+    if xt.ndim == 3:
+        xt = xt.unsqueeze(1)
+    elif xt.ndim == 4 and xt.shape[-1] == 3:
+        xt = xt.permute(0, 3, 1, 2).contiguous()
+    mean, std = _STATS[base]
+    xt = (xt - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
+    return ArrayDataset(xt, torch.from_numpy(np.array(y, dtype=np.int64)), 10, name, synthetic)
+
+
+@functools.lru_cache(maxsize=8)
+def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> ArrayDataset:
+    """Load a dataset by name.
+
+    Parameters
+    ----------
+    name : str
+        One of ``fashion_mnist``, ``mnist``, ``cifar10`` or a stand-in ``synthetic_<name>``.
+    train : bool
+        Training split (60,000 / 50,000 samples) or test split (10,000).
+    root : str, optional
+        Folder holding the IDX files (or a torchvision root).
+
+    The result is cached per process (many nodes load the same data); treat it as read-only.
+    """
+    check_choice("dataset", name, DATASETS)
+    if name.startswith("synthetic_"):
+        base = name[len("synthetic_") :]
+        x, y = _synthetic(base, train)
+        return _to_dataset(x, y, base, name, synthetic=True)
+    if name == "cifar10":
+        arrays = _torchvision(name, train, root)
+        if arrays is None:
+            raise FileNotFoundError(
+                "dataset 'cifar10' needs torchvision and network access (or a torchvision root with the files "
+                "already downloaded, passed as root); ask for 'synthetic_cifar10' for a clearly labelled stand-in"
+            )
+        return _to_dataset(*arrays, "cifar10", "cifar10", synthetic=False)
+    x, y = _load_mnist_like(name, train, root)
+    return _to_dataset(x, y, name, name, synthetic=False)
+
+
+def partition(
+    labels: np.ndarray | torch.Tensor,
+    n_nodes: int,
+    *,
+    scheme: str = "shuffle_split",
+    alpha: float = 0.5,
+    seed: int = 0,
+) -> list[np.ndarray]:
+    """Split sample indices over ``n_nodes`` nodes.
+
+    Parameters
+    ----------
+    labels : array, shape (N,)
+        Class labels (used by ``dirichlet``; only the length matters otherwise).
+    n_nodes : int
+    scheme : str
+        ``shuffle_split`` / ``iid`` (the papers': shuffle, then split into equal parts; the
+        remainder ``N mod n`` is dropped so every ``J_i`` is equal), or ``dirichlet``
+        (label skew: each class is spread over nodes with proportions ~ Dirichlet(alpha)).
+    alpha : float
+        Dirichlet concentration (> 0; smaller = more skew).
+    seed : int
+
+    Returns
+    -------
+    list of int64 arrays, one per node, disjoint.
+    """
+    labels = np.asarray(labels)
+    n = len(labels)
+    n_nodes = check_int("n_nodes", n_nodes, minimum=1)
+    check_choice("partition scheme", scheme, PARTITION_SCHEMES)
+    if n_nodes > n:
+        raise ValueError(
+            f"n_nodes must be <= the number of samples ({n}) so every node gets data, got {n_nodes}; "
+            "use fewer nodes or a larger dataset"
+        )
+    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(n_nodes, 17)))
+    if scheme in ("shuffle_split", "iid"):
+        perm = rng.permutation(n)
+        per = n // n_nodes
+        return [np.sort(perm[i * per : (i + 1) * per]).astype(np.int64) for i in range(n_nodes)]
+    alpha = check_positive("alpha", alpha)
+    parts: list[list[int]] = [[] for _ in range(n_nodes)]
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        props = rng.dirichlet(np.full(n_nodes, alpha))
+        cuts = (np.cumsum(props)[:-1] * len(idx)).astype(int)
+        for i, chunk in enumerate(np.split(idx, cuts)):
+            parts[i].extend(chunk.tolist())
+    # every node gets at least one sample: move one from the largest part to each empty one
+    for i in range(n_nodes):
+        if not parts[i]:
+            donor = max(range(n_nodes), key=lambda j: len(parts[j]))
+            parts[i].append(parts[donor].pop())
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
