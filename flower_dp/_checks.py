@@ -66,7 +66,7 @@ def check_open_unit(name: str, value: Any, *, hint: str = "") -> float:
     return v
 
 
-def check_epsilon(value: Any, name: str = "epsilon") -> float:
+def check_epsilon(value: Any, name: str = "eps") -> float:
     """A privacy epsilon: > 0 and finite."""
     return check_positive(name, value, hint="pass a finite privacy budget such as 1.0")
 

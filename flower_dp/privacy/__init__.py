@@ -1,0 +1,67 @@
+"""Privacy: GDP, rigorous accountants (PLD/RDP via dp-accounting), calibration, budgets, paper formulas.
+
+Every run reports the rigorous eps of the noise actually added next to the eps the
+paper's formula claims (DESIGN.md "Privacy: tell the truth").
+"""
+
+from . import paper
+from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, bucket_steps, rigorous_epsilon
+from .budget import BudgetTracker, PrivacyBudget, max_steps
+from .calibration import (
+    CALIBRATIONS,
+    DPPSAccounting,
+    DynD2PSchedule,
+    GauLRQCalibration,
+    GaussianCalibration,
+    calibrate,
+    calibrate_noise_multiplier,
+    dp_csgp_calibration,
+    dpps_accounting,
+    dyn_d2p_schedule,
+    gau_lrq_calibration,
+    privsgp_vr_calibration,
+)
+from .gdp import (
+    GDPResult,
+    clt_composed_mu,
+    compose_mu,
+    delta_from_mu_eps,
+    dyn_d2p_mu0,
+    dyn_d2p_mu_bar,
+    eps_from_mu_delta,
+    mu_from_eps_delta,
+)
+
+__all__ = [
+    "paper",
+    "ACCOUNTANTS",
+    "ADJACENCIES",
+    "CALIBRATIONS",
+    "GaussianStep",
+    "LaplaceStep",
+    "NodeAccountant",
+    "bucket_steps",
+    "rigorous_epsilon",
+    "PrivacyBudget",
+    "BudgetTracker",
+    "max_steps",
+    "calibrate",
+    "calibrate_noise_multiplier",
+    "DynD2PSchedule",
+    "dyn_d2p_schedule",
+    "GaussianCalibration",
+    "privsgp_vr_calibration",
+    "dp_csgp_calibration",
+    "GauLRQCalibration",
+    "gau_lrq_calibration",
+    "DPPSAccounting",
+    "dpps_accounting",
+    "GDPResult",
+    "delta_from_mu_eps",
+    "mu_from_eps_delta",
+    "eps_from_mu_delta",
+    "compose_mu",
+    "clt_composed_mu",
+    "dyn_d2p_mu_bar",
+    "dyn_d2p_mu0",
+]

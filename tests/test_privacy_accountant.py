@@ -1,0 +1,121 @@
+"""The rigorous accountant, budgets and calibration against known values and dp_accounting directly."""
+
+from __future__ import annotations
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flower_dp.errors import BudgetExceededError
+from flower_dp.privacy import (
+    BudgetTracker,
+    GaussianStep,
+    LaplaceStep,
+    NodeAccountant,
+    PrivacyBudget,
+    bucket_steps,
+    calibrate_noise_multiplier,
+    max_steps,
+    rigorous_epsilon,
+)
+
+
+def test_known_values_sigma1_q001_1000_steps():
+    """Issue 3 test values: RDP 2.1014, PLD about 1.828 (delta 1e-5)."""
+    steps = [GaussianStep(0.01, 1.0, 1000)]
+    assert rigorous_epsilon(steps, 1e-5, accountant="rdp") == pytest.approx(2.1014, abs=1e-3)
+    assert rigorous_epsilon(steps, 1e-5, accountant="pld") == pytest.approx(1.828, abs=0.01)
+
+
+def test_matches_dp_accounting_called_directly():
+    """Independent path: dp_accounting's RDP accountant on the same event."""
+    acc = dpa.rdp.RdpAccountant()
+    acc.compose(dpa.PoissonSampledDpEvent(1 / 3125, dpa.GaussianDpEvent(0.5222)), 3120)
+    ours = rigorous_epsilon([GaussianStep(1 / 3125, 0.5222, 3120)], 1e-5, accountant="rdp")
+    assert ours == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
+    assert ours == pytest.approx(3.001, abs=0.01)  # privsgp-vr.md 4.5 test vector
+
+
+def test_composition_identities():
+    """count=6 == six separate charges; order does not matter; replace_one == nu/2 add_remove."""
+    one = rigorous_epsilon([GaussianStep(0.05, 1.2, 6)], 1e-5, accountant="rdp")
+    six = rigorous_epsilon([GaussianStep(0.05, 1.2)] * 6, 1e-5, accountant="rdp")
+    assert one == pytest.approx(six, rel=1e-12)
+    a = rigorous_epsilon([GaussianStep(0.05, 1.2, 3), GaussianStep(0.05, 2.0, 3)], 1e-5, accountant="rdp")
+    b = rigorous_epsilon([GaussianStep(0.05, 2.0, 3), GaussianStep(0.05, 1.2, 3)], 1e-5, accountant="rdp")
+    assert a == pytest.approx(b, rel=1e-12)
+    r1 = rigorous_epsilon([GaussianStep(0.05, 2.0, 10)], 1e-5, accountant="rdp", adjacency="replace_one")
+    r2 = rigorous_epsilon([GaussianStep(0.05, 1.0, 10)], 1e-5, accountant="rdp")
+    assert r1 == pytest.approx(r2, rel=1e-12)
+    assert rigorous_epsilon([], 1e-5) == 0.0
+
+
+def test_bucketing_never_below_exact_and_within_one_percent():
+    nus = 1.0 * 2 ** (np.arange(300) / 300)
+    steps = [GaussianStep(0.02, float(v)) for v in nus]
+    exact = rigorous_epsilon(steps, 1e-5, accountant="rdp", bucket_rel=0)
+    bucketed = rigorous_epsilon(steps, 1e-5, accountant="rdp", bucket_rel=5e-3)
+    assert len(bucket_steps(steps, 5e-3)) < 150
+    assert exact <= bucketed <= exact * 1.01
+
+
+def test_laplace_steps():
+    """Pure eps: 10 Laplace releases with nu = 1 compose to at most 10 (and close to it at small delta)."""
+    eps = rigorous_epsilon([LaplaceStep(1.0, 10)], 1e-5)
+    assert 9.0 < eps <= 10.0 + 1e-6
+
+
+def test_node_accountant_ledger_and_state():
+    acc = NodeAccountant("rdp")
+    for _ in range(5):
+        acc.charge_gaussian(q=0.01, nu=1.0)
+    acc.charge_laplace(nu=2.0)
+    assert acc.steps_charged == 6 and len(acc.ledger) == 2
+    eps = acc.epsilon(1e-5)
+    other = NodeAccountant("rdp")
+    other.load_state_dict(acc.state_dict())
+    assert other.epsilon(1e-5) == eps
+    with pytest.raises(ValueError, match="accountant='rdp'.*accountant='pld'"):
+        NodeAccountant("pld").load_state_dict(acc.state_dict())
+
+
+def test_budget_hard_stop_before_exceeding():
+    tracker = BudgetTracker(PrivacyBudget(1.0, 1e-5), accountant="rdp", node=3)
+    charged = 0
+    with pytest.raises(BudgetExceededError, match="node 3 step .* above the budget eps = 1.0") as info:
+        for k in range(10_000):
+            tracker.charge_gaussian(q=0.1, nu=1.0, step=k)
+            charged += 1
+    assert info.value.node == 3 and info.value.step == charged
+    assert tracker.epsilon_spent <= 1.0
+    plan = [GaussianStep(0.1, 1.0)] * 200
+    assert max_steps(plan, PrivacyBudget(1.0, 1e-5), accountant="rdp") == charged
+
+
+@settings(max_examples=8, deadline=None)
+@given(eps=st.floats(0.5, 8.0), q=st.floats(0.005, 0.2), steps=st.integers(1, 500))
+def test_calibrated_noise_never_exceeds_target(eps, q, steps):
+    """Property (Opacus-style): the calibrated nu gives eps <= target."""
+    nu = calibrate_noise_multiplier(eps, 1e-5, q, steps, accountant="rdp")
+    assert rigorous_epsilon([GaussianStep(q, nu, steps)], 1e-5, accountant="rdp") <= eps
+    assert rigorous_epsilon([GaussianStep(q, nu * 0.99, steps)], 1e-5, accountant="rdp") > eps * 0.98
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: GaussianStep(0.0, 1.0), "q must be in \\(0, 1\\], got 0.0"),
+        (lambda: GaussianStep(1.5, 1.0), "q must be in \\(0, 1\\], got 1.5"),
+        (lambda: GaussianStep(0.1, -1.0), "nu must be > 0, got -1.0"),
+        (lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 0.0), "delta must be in \\(0, 1\\), got 0.0"),
+        (lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 1e-5, accountant="moments"), "unknown accountant 'moments'"),
+        (lambda: PrivacyBudget(-1.0, 1e-5), "eps must be > 0 and finite, got -1.0"),
+        (lambda: PrivacyBudget(1.0, 1e-5, unit="user"), "unknown unit 'user'"),
+        (lambda: calibrate_noise_multiplier(0, 1e-5, 0.1, 10), "target_epsilon must be > 0"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
