@@ -33,7 +33,8 @@ def stream_seed(seed: int, node: int, purpose: str | int, k: int = 0) -> int:
     streams for different keys are statistically independent.
     """
     ss = np.random.SeedSequence(int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
-    return int(ss.generate_state(2, dtype=np.uint32).astype(np.uint64).dot([1 << 31, 1]) & ((1 << 63) - 1))
+    a = ss.generate_state(2, dtype=np.uint32)
+    return ((int(a[0]) << 32) | int(a[1])) & ((1 << 63) - 1)
 
 
 def numpy_rng(seed: int, node: int, purpose: str | int, k: int = 0) -> np.random.Generator:

@@ -20,12 +20,14 @@ import numpy as np
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from . import gdp, paper
-from .accountant import GaussianStep, LaplaceStep, rigorous_epsilon
+from . import rdp_fast
+from .accountant import GaussianStep, LaplaceStep, bucket_steps, rigorous_epsilon
 
 __all__ = [
     "CALIBRATIONS",
     "calibrate",
     "calibrate_noise_multiplier",
+    "calibrate_schedule",
     "DynD2PSchedule",
     "dyn_d2p_schedule",
     "GaussianCalibration",
@@ -50,6 +52,9 @@ def calibrate(
     naming the bracket when even ``hi`` does not reach the target.
     """
     target = check_epsilon(target_epsilon, "target_epsilon")
+    lo, hi = check_positive("lo", lo), check_positive("hi", hi)
+    if not lo < hi:
+        raise ValueError(f"the bracket must satisfy lo < hi, got lo={lo}, hi={hi}")
     while make_epsilon(hi) > target:
         if hi > 1e6:
             raise ValueError(
@@ -76,7 +81,12 @@ def calibrate_noise_multiplier(
     accountant: str = "pld",
     adjacency: str = "add_remove",
 ) -> float:
-    """Smallest noise multiplier ``nu`` with rigorous eps(delta) <= target after ``steps`` Poisson(q) steps."""
+    """Smallest noise multiplier ``nu`` (std / clip bound) with rigorous eps(delta) <= target.
+
+    ``steps`` Poisson(q)-subsampled Gaussian releases, neighbouring relation ``adjacency``.
+    The returned value is on the private side (rel. tolerance 1e-4).
+    """
+    check_epsilon(target_epsilon, "target_epsilon")
     check_delta(delta)
     check_probability("q", q)
     steps = check_int("steps", steps, minimum=1)
@@ -86,6 +96,81 @@ def calibrate_noise_multiplier(
         0.3,
         3.0,
     )
+
+
+def calibrate_schedule(
+    shape,
+    target_epsilon: float,
+    delta: float,
+    q: float,
+    *,
+    accountant: str = "pld",
+    adjacency: str = "add_remove",
+    rel_tol: float = 5e-3,
+) -> float:
+    """Common scale ``s`` so that the schedule ``nu_k = s * shape[k]`` meets the target on the private side.
+
+    Each step is a Poisson(q)-subsampled Gaussian with multiplier ``nu_k`` (std / clip bound).
+    Fast for long schedules with thousands of distinct levels: the scale is first found with the
+    vectorised integer-order RDP bound (:mod:`.rdp_fast`), then refined with the chosen
+    dp-accounting accountant (bucketed, never below the exact eps) by a bracketed secant in
+    log-log space; the result has ``eps(s) <= target`` and is within ``rel_tol`` of the root.
+
+    Parameters
+    ----------
+    shape : array_like, shape (K,)  positive relative noise levels
+    target_epsilon, delta : the budget
+    q : float in (0, 1]  Poisson sampling rate
+
+    Returns
+    -------
+    float
+        The scale ``s``.
+    """
+    target = check_epsilon(target_epsilon, "target_epsilon")
+    delta, q = check_delta(delta), check_probability("q", q)
+    shape = np.asarray(shape, dtype=np.float64)
+    if shape.ndim != 1 or shape.size == 0 or not (np.all(shape > 0) and np.all(np.isfinite(shape))):
+        raise ValueError(f"shape must be a non-empty 1-D array of finite values > 0, got {shape!r:.80}")
+    grid = bucket_steps([GaussianStep(q, float(v)) for v in shape], max_buckets=256)
+    z_shape = np.array([g.nu for g in grid])
+    counts = np.array([g.count for g in grid], dtype=np.float64)
+    half = 2.0 if adjacency == "replace_one" else 1.0  # proxy only; the final check is native
+
+    def proxy(s: float) -> float:
+        return rdp_fast.rdp_epsilon(q, s * z_shape / half, counts, delta)
+
+    def real(s: float) -> float:
+        return rigorous_epsilon([GaussianStep(q, float(v)) for v in s * shape], delta, accountant=accountant,
+                                adjacency=adjacency)
+
+    s0 = calibrate(proxy, target, 0.3, 3.0, rel_tol=1e-4)
+    # local elasticity d ln eps / d ln s from the proxy, for the first jump towards the real root
+    slope = math.log(proxy(s0 * 0.95) / max(proxy(s0), 1e-300)) / -math.log(0.95)
+    slope = min(max(slope, -6.0), -0.5) if math.isfinite(slope) else -2.0
+    lo, hi = None, None  # real(lo) > target >= real(hi)
+    s, e = s0, real(s0)
+    for _ in range(40):
+        if e <= target:
+            hi = (s, e)
+        else:
+            lo = (s, e)
+        if hi is not None and (hi[1] >= target * (1 - rel_tol) or (lo is not None and hi[0] / lo[0] - 1 < rel_tol)):
+            return hi[0]
+        if lo is None:  # eps ~ 1/nu^2 roughly: jump near the root, slightly past it
+            s = hi[0] * min(0.99, (target / hi[1]) ** (1 / slope) * 1.002)
+        elif hi is None:
+            s = lo[0] * max(1.01, (target / lo[1]) ** (1 / slope) * 1.002)
+        else:  # secant on log eps vs log s, kept strictly inside the bracket
+            x0, x1 = math.log(lo[0]), math.log(hi[0])
+            y0, y1 = math.log(lo[1]) - math.log(target), math.log(max(hi[1], 1e-300)) - math.log(target)
+            x = x1 - y1 * (x1 - x0) / (y1 - y0) if y1 != y0 else 0.5 * (x0 + x1)
+            x = min(max(x, x0 + 0.1 * (x1 - x0)), x1 - 0.1 * (x1 - x0))
+            s = math.exp(x)
+        e = real(s)
+    if hi is None:
+        raise ValueError(f"could not reach target eps {target}; got eps {e:.4g} at scale {s:.4g}")
+    return hi[0]
 
 
 @dataclass(frozen=True)
@@ -113,9 +198,16 @@ class DynD2PSchedule:
     eps_paper: float
     mu_tot: float
     warnings: tuple[str, ...] = ()
+    sensitivity_factor: int = 1
+
+    @property
+    def adjacency(self) -> str:
+        """Neighbouring relation the accountant uses (f = 1: add/remove, f = 2: replace-one)."""
+        return "add_remove" if self.sensitivity_factor == 1 else "replace_one"
 
     def steps(self) -> list[GaussianStep]:
-        return [GaussianStep(self.q, float(v)) for v in self.nu]
+        """One accountant step per iteration; multipliers relative to the clip bound C_k (= f nu_k)."""
+        return [GaussianStep(self.q, float(v) * self.sensitivity_factor) for v in self.nu]
 
 
 def _dyn_shapes(variant: str, K: int, clip0: float, clip_bar: float, rho_c: float, rho_mu: float):
@@ -162,19 +254,21 @@ def dyn_d2p_schedule(
         return DynD2PSchedule(variant, calibration, float("inf"), 0.0, 1.0, np.full(K, np.inf), inf, inf,
                               float("inf"), float("inf"), float("inf"))
     epsilon, delta, q = check_epsilon(epsilon), check_delta(delta), check_probability("q", q)
+    f = sensitivity_factor
+    if f not in (1, 2):
+        raise ValueError(f"sensitivity_factor must be 1 (add/remove) or 2 (replace-one), got {f!r}")
+    adjacency = "add_remove" if f == 1 else "replace_one"
     mu_tot = gdp.mu_from_eps_delta(epsilon, delta)
     notes: list[str] = []
     if calibration == "paper":
         mu0 = gdp.dyn_d2p_mu0(mu_tot, q, K, rho_mu) if variant in ("dyn", "dyn_mu") else gdp.dyn_d2p_mu_bar(mu_tot, q, K)
         mu = mu0 * shape
     else:
-        def eps_of(scale: float) -> float:
-            return rigorous_epsilon([GaussianStep(q, float(s)) for s in scale / shape], delta, accountant=accountant)
-
-        scale = calibrate(eps_of, epsilon, 0.3, 3.0, rel_tol=1e-3)
-        mu = shape / scale
+        # nu_k relative to f C_k; the accountant takes multipliers relative to C_k: f * nu_k
+        mu = shape / calibrate_schedule(f / shape, epsilon, delta, q, accountant=accountant, adjacency=adjacency)
     nu = 1.0 / mu
-    eps_rig = rigorous_epsilon([GaussianStep(q, float(v)) for v in nu], delta, accountant=accountant)
+    eps_rig = rigorous_epsilon([GaussianStep(q, float(v) * f) for v in nu], delta, accountant=accountant,
+                               adjacency=adjacency)
     clt = gdp.clt_composed_mu(q, mu).mu
     eps_paper = gdp.eps_from_mu_delta(clt, delta)
     if mu.max() > 1:
@@ -183,8 +277,9 @@ def dyn_d2p_schedule(
         )
     if calibration == "paper" and eps_rig > epsilon * 1.001:
         notes.append(f"paper calibration: the rigorous eps of this schedule is {eps_rig:.4f}, above the target {epsilon}")
-    return DynD2PSchedule(variant, calibration, epsilon, delta, q, clip, nu, nu * sensitivity_factor * clip,
-                          eps_rig, eps_paper, mu_tot, tuple(notes))
+        warnings.warn(f"Dyn-D2P {variant}: " + notes[-1], stacklevel=2)
+    return DynD2PSchedule(variant, calibration, epsilon, delta, q, clip, nu, nu * f * clip,
+                          eps_rig, eps_paper, mu_tot, tuple(notes), f)
 
 
 @dataclass(frozen=True)
@@ -329,11 +424,7 @@ def gau_lrq_calibration(
         z = z_paper
     else:
         shape = z_paper / z_paper[0]
-
-        def eps_of(scale: float) -> float:
-            return rigorous_epsilon([GaussianStep(q, float(s)) for s in scale * shape], delta, accountant=accountant)
-
-        z = calibrate(eps_of, epsilon, 0.3, 3.0, rel_tol=1e-4) * shape
+        z = calibrate_schedule(shape, epsilon, delta, q, accountant=accountant) * shape
     eps_rig = rigorous_epsilon([GaussianStep(q, float(s)) for s in z], delta, accountant=accountant)
     eps_pap = paper.paper_eps_gau_lrq(z, delta, B=B, N=N)
     notes = ()
@@ -358,9 +449,14 @@ def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str
     """Per-round ``b / gamma_n(t)`` (Theorem 1), their sum, and the accountant's Laplace composition."""
     g = np.asarray(gamma_n_schedule, dtype=float)
     eps_round = np.array([paper.dpps_round_epsilon(b, float(x)) for x in g])
-    composed = rigorous_epsilon([LaplaceStep(float(x) / b) for x in g], check_delta(delta), accountant=accountant)
+    check_delta(delta)
     if eps_round.max() > 50:
+        # per-round eps this large: numerical accountants break down and no composition theorem beats
+        # the basic sum by anything that matters; the basic sum is a valid bound for pure-DP steps.
+        composed = float(eps_round.sum())
         warnings.warn(
             f"DPPS per-round eps b/gamma_n reaches {eps_round.max():.3g}: no meaningful DP guarantee", stacklevel=2
         )
+    else:
+        composed = rigorous_epsilon([LaplaceStep(float(x) / b) for x in g], delta, accountant=accountant)
     return DPPSAccounting(eps_round, float(eps_round.sum()), composed, delta)
