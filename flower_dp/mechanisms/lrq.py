@@ -1,0 +1,390 @@
+"""Layered randomized quantizer (LRQ) with an exactly Gaussian decoding error.
+
+Yan, Li, Lan, Wu, Song, "Layered Randomized Quantization for Communication-Efficient and
+Privacy-Preserving Distributed Learning", arXiv:2312.07060; spec ``shared/specs/gau-lrq.md`` §3.
+
+=========================  ===============================  =============================
+paper                      spec                             code
+=========================  ===============================  =============================
+Delta~_j (client input)    u_j                              ``u[j]``
+x_j ~ N(0, sigma^2)        shared layer centre              ``sigma * z`` (z ~ N(0,1))
+y_j (flipped height)       via v ~ U(0,1] (§3.3 stable)     ``v``
+L_j, R_j, w_j = R_j - L_j  layer interval                   ``w = sigma * (own + other)``
+m_j (Eq. 11)               floor((u + R - x) / w)           ``LRQMessage.m``
+hat-Delta_j (Eq. 12)       m w + x                          :func:`decode`
+=========================  ===============================  =============================
+
+Convention A (Eq. 11/12, spec §3.4 [DECISION]).  For every input ``u`` the error
+``decode(encode(u)) - u`` is exactly ``N(0, sigma^2)`` i.i.d. over coordinates, *averaged over the
+shared randomness* (§3.5); the randomness must stay secret between client and server (§2.3).
+
+Shared stream (§2.4): the key (bytes or int, derived from (run secret, round, client), see
+:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of ``chunk_size`` coordinates (in
+flattened-parameter order) uses ``Generator(Philox(SeedSequence(entropy, spawn_key=(c,))))`` and
+draws all of z (``standard_normal``) then all of v (``1 - random``), in the layer dtype.
+
+Integrity: the message carries an HMAC-SHA256 tag over its metadata and integer payload, keyed by
+a second, domain-separated hash of the same key.  Decoding with another key (wrong round, client
+or secret) or a tampered message fails the tag and raises :class:`flower_dp.errors.DecodeError`.
+The tag is a deterministic function of (m, key) and changes nothing about the decoded value, so
+the exact-Gaussian property is untouched.  The key is never stored in the message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from flower_dp._checks import check_choice, check_int, check_nonnegative, check_positive
+from flower_dp.errors import DecodeError
+
+__all__ = [
+    "LRQMessage",
+    "encode",
+    "decode",
+    "lrq_key",
+    "lrq_layers",
+    "lrq_w_min",
+    "lrq_levels",
+    "lrq_bits_fixed",
+    "lrq_bits_paper",
+    "lrq_message_bits",
+    "empirical_entropy",
+    "DEFAULT_CHUNK",
+]
+
+#: Coordinates per independently keyed stream chunk (spec §2.4).
+DEFAULT_CHUNK = 1 << 20
+_BLOCK = 1 << 16  # inner block for cache-friendly arithmetic; does not affect the stream
+_VERSION = 1
+_DTYPES = ("float64", "float32")
+_INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
+
+
+def lrq_key(run_secret: bytes | str | int, round_k: int, client: int) -> bytes:
+    """The 32-byte LRQ key of (run secret, round, client); never reuse one across rounds/clients."""
+    if isinstance(run_secret, str):
+        run_secret = run_secret.encode()
+    elif isinstance(run_secret, int) and not isinstance(run_secret, bool):
+        run_secret = b"int:" + str(run_secret).encode()
+    elif not isinstance(run_secret, bytes):
+        raise TypeError(f"run_secret must be bytes, str or int, got {type(run_secret).__name__}")
+    k = check_int("round_k", round_k, minimum=0)
+    c = check_int("client", client, minimum=0)
+    return hashlib.sha256(b"flower_dp.lrq.key\x00" + run_secret + struct.pack("<QQ", k, c)).digest()
+
+
+def _key_bytes(key: bytes | int) -> bytes:
+    if isinstance(key, (bytes, bytearray)):
+        if len(key) == 0:
+            raise ValueError("key must be non-empty bytes, got b''; derive one with lrq_key(secret, round, client)")
+        return b"bytes:" + bytes(key)
+    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
+        if key < 0:
+            raise ValueError(f"key must be a non-negative int or bytes, got {key}")
+        return b"int:" + str(int(key)).encode()
+    raise TypeError(f"key must be bytes or a non-negative int, got {type(key).__name__}")
+
+
+def _stream_entropy(kb: bytes) -> int:
+    return int.from_bytes(hashlib.sha256(b"flower_dp.lrq.stream\x00" + kb).digest(), "little")
+
+
+def _mac_key(kb: bytes) -> bytes:
+    return hashlib.sha256(b"flower_dp.lrq.mac\x00" + kb).digest()
+
+
+def _chunk_rng(entropy: int, c: int) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(entropy, spawn_key=(c,))))
+
+
+def _draw(gen: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """z ~ N(0,1) then v ~ U(0,1], in that order (spec §2.4 rule 2)."""
+    z = gen.standard_normal(n, dtype=dtype)
+    v = gen.random(n, dtype=dtype)
+    np.subtract(1.0, v, out=v)
+    return z, v
+
+
+def _halfwidths(z: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stable recipe of spec §3.3 in units of sigma: (own, other) half-widths, shape like z."""
+    cap = 1.0 - float(np.finfo(z.dtype).eps) / 2  # clamp v*g(x) below 1 (belt and braces)
+    z2 = z * z
+    p = np.multiply(z2, -0.5)
+    np.exp(p, out=p)
+    p *= v
+    np.minimum(p, cap, out=p)
+    own = np.log(v)
+    own *= -2.0
+    own += z2
+    np.sqrt(own, out=own)
+    other = np.negative(p, out=p)
+    np.log1p(other, out=other)
+    other *= -2.0
+    np.sqrt(other, out=other)
+    return own, other
+
+
+def lrq_layers(gen: np.random.Generator, n: int, sigma: float, *, dtype: str = "float64", stable: bool = True):
+    """Draw ``n`` layers: centres x and intervals [L, R] (spec §3.3/§3.6), for tests and inspection.
+
+    Parameters
+    ----------
+    gen : numpy.random.Generator
+    n : int
+    sigma : float
+        Error std per coordinate.
+    stable : bool
+        ``True``: the stable recipe used by :func:`encode`; ``False``: the naive Def. 3 recipe
+        (y = v g(x) flipped, R = sigma sqrt(-2 ln y), L = -sigma sqrt(-2 ln(1 - y))).
+
+    Returns
+    -------
+    x, L, R : ndarray, shape (n,)
+    """
+    z, v = _draw(gen, n, dtype)
+    x = sigma * z
+    if stable:
+        own, other = _halfwidths(z, v)
+        pos = z >= 0
+        return x, np.where(pos, -other, -own) * sigma, np.where(pos, own, other) * sigma
+    y = v * np.exp(-0.5 * z * z)
+    y = np.where(z >= 0, y, 1.0 - y)
+    return x, -sigma * np.sqrt(-2.0 * np.log1p(-y)), sigma * np.sqrt(-2.0 * np.log(y))
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class LRQMessage:
+    """What a client sends: the integer vector m plus public metadata and an integrity tag.
+
+    Attributes
+    ----------
+    m : ndarray, shape (d,), smallest signed int dtype holding its range (read-only)
+    d : int
+    sigma : float
+        Error std per coordinate (public).
+    dtype : str
+        Float dtype of the layer arithmetic, ``"float64"`` (default) or ``"float32"``.
+    chunk_size : int
+        Coordinates per keyed stream chunk.
+    tag : bytes
+        HMAC-SHA256 over (version, d, sigma, dtype, chunk_size, m dtype, m bytes); not the key.
+    """
+
+    m: np.ndarray
+    d: int
+    sigma: float
+    dtype: str
+    chunk_size: int
+    tag: bytes = field(default=b"")
+
+    @property
+    def levels_used(self) -> int:
+        """Number of integer values spanned, ``max(m) - min(m) + 1`` (0 if d == 0)."""
+        return int(self.m.max()) - int(self.m.min()) + 1 if self.d else 0
+
+    def to_record(self) -> dict:
+        """Plain ``{name: ndarray | int | float | str}`` for transport (e.g. a Flower record)."""
+        return {"m": self.m, "d": self.d, "sigma": self.sigma, "dtype": self.dtype,
+                "chunk_size": self.chunk_size, "tag": self.tag.hex()}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> LRQMessage:
+        """Inverse of :meth:`to_record` (the tag is checked later, by :func:`decode`)."""
+        try:
+            m = np.asarray(rec["m"])
+            return cls(m=m, d=int(rec["d"]), sigma=float(rec["sigma"]), dtype=str(rec["dtype"]),
+                       chunk_size=int(rec["chunk_size"]), tag=bytes.fromhex(str(rec["tag"])))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise DecodeError(f"malformed LRQ record, got keys {sorted(rec)}: {exc}") from exc
+
+    def __repr__(self) -> str:
+        rng = f"[{int(self.m.min())}, {int(self.m.max())}]" if self.d else "[]"
+        return (f"LRQMessage(d={self.d}, sigma={self.sigma!r}, dtype={self.dtype!r}, m.dtype={self.m.dtype}, "
+                f"m range={rng}, chunk_size={self.chunk_size})")
+
+    __str__ = __repr__
+
+
+def _tag(kb: bytes, d: int, sigma: float, dtype: str, chunk: int, m: np.ndarray) -> bytes:
+    mle = m.astype(m.dtype.newbyteorder("<"), copy=False)
+    header = struct.pack("<IQdQ", _VERSION, d, sigma, chunk) + dtype.encode() + b"|" + mle.dtype.str.encode()
+    h = hmac.new(_mac_key(kb), header, hashlib.sha256)
+    h.update(np.ascontiguousarray(mle).view(np.uint8))
+    return h.digest()
+
+
+def _as_vector(u) -> np.ndarray:
+    if hasattr(u, "detach"):  # torch.Tensor
+        u = u.detach().cpu().numpy()
+    arr = np.asarray(u, dtype=np.float64)
+    if arr.ndim != 1:
+        raise ValueError(f"u must be a 1-D vector (flatten the update first), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"u must be finite, got {int((~np.isfinite(arr)).sum())} NaN/inf entries of {arr.size}")
+    return arr
+
+
+def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_size: int = DEFAULT_CHUNK) -> LRQMessage:
+    """Quantize ``u`` so that the server's decode equals ``u + N(0, sigma^2 I)`` exactly (Eq. 11).
+
+    Parameters
+    ----------
+    u : array-like or Tensor, shape (d,)
+        The (clipped) update, finite.  Converted to float64 (float32 for ``dtype="float32"``,
+        in which case the Gaussian law holds for ``float32(u)``).
+    sigma : float
+        Error std per coordinate (> 0, the per-client sigma of spec §11 item 4).
+    key : bytes or int
+        Shared secret stream key for this (run, round, client); see :func:`lrq_key`.
+    dtype : {"float64", "float32"}
+        Float type of the shared-randomness arithmetic; both sides must use the same.  float32
+        is ~1.3x faster but limited to max|u| < 2^14 w_min (ValueError otherwise).
+    chunk_size : int
+        Coordinates per keyed stream chunk (default 2^20, spec §2.4).
+
+    Returns
+    -------
+    LRQMessage
+    """
+    sigma = check_positive("sigma", sigma, hint="sigma is the LRQ error std per coordinate")
+    check_choice("dtype", dtype, _DTYPES)
+    chunk_size = check_int("chunk_size", chunk_size, minimum=1)
+    kb = _key_bytes(key)
+    u = _as_vector(u)
+    d = u.size
+    amax = max(-float(u.min(initial=0.0)), float(u.max(initial=0.0)))
+    # float64: levels stay exact integers; float32: the float32 rounding of u (~|u| 2^-24) stays
+    # below ~1e-3 sigma, so the error is N(0, sigma^2) up to that rounding.
+    limit = 2.0**52 if dtype == "float64" else 2.0**14
+    if amax / lrq_w_min(sigma) + 2.0 >= limit:
+        raise ValueError(
+            f"max|u|/sigma too large for {dtype} layers (max {limit:.3g} levels), got max|u|={amax}, sigma={sigma}; "
+            "increase sigma, clip the update, or use dtype='float64'"
+        )
+    inv_sigma = 1.0 / sigma
+    m = np.empty(d, dtype=np.int64)
+    tmp = np.empty(min(_BLOCK, max(d, 1)), dtype=dtype)
+    tmp_u = np.empty_like(tmp)
+    entropy = _stream_entropy(kb)
+    for c, start in enumerate(range(0, d, chunk_size)):
+        n = min(chunk_size, d - start)
+        z, v = _draw(_chunk_rng(entropy, c), n, dtype)
+        for b in range(0, n, _BLOCK):
+            zs, vs = z[b : b + _BLOCK], v[b : b + _BLOCK]
+            own, other = _halfwidths(zs, vs)
+            t = tmp[: zs.size]
+            np.copyto(t, other)
+            np.copyto(t, own, where=zs >= 0)  # R/sigma
+            t -= zs  # (R - x)/sigma
+            tu = tmp_u[: zs.size]
+            np.multiply(u[start + b : start + b + zs.size], inv_sigma, out=tu, casting="same_kind")  # u/sigma
+            t += tu
+            own += other  # w/sigma
+            t /= own
+            np.floor(t, out=m[start + b : start + b + zs.size], casting="unsafe")  # exact: |t| < 2^52
+    lo, hi = (int(m.min()), int(m.max())) if d else (0, 0)
+    idt = next(t for t in _INT_DTYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+    m = m.astype(idt)
+    m.flags.writeable = False
+    return LRQMessage(m=m, d=d, sigma=sigma, dtype=dtype, chunk_size=chunk_size,
+                      tag=_tag(kb, d, sigma, dtype, chunk_size, m))
+
+
+def decode(msg: LRQMessage, sigma: float, key: bytes | int) -> np.ndarray:
+    """Server side (Eq. 12): ``hat_u = m w + x`` from the regenerated shared randomness.
+
+    Parameters
+    ----------
+    msg : LRQMessage
+    sigma : float
+        The sigma the server expects for this client and round (must equal ``msg.sigma``).
+    key : bytes or int
+        The same key the client used.
+
+    Returns
+    -------
+    ndarray, shape (d,), float64
+        ``u + e`` with ``e ~ N(0, sigma^2 I)`` exactly (over the shared randomness).
+
+    Raises
+    ------
+    DecodeError
+        Wrong key (another round, client or secret), tampered payload or metadata, or a sigma
+        that differs from the message's.
+    """
+    if not isinstance(msg, LRQMessage):
+        raise TypeError(f"msg must be an LRQMessage, got {type(msg).__name__}")
+    sigma = check_positive("sigma", sigma)
+    kb = _key_bytes(key)
+    m = np.asarray(msg.m)
+    if m.ndim != 1 or m.size != msg.d or m.dtype.kind != "i" or msg.dtype not in _DTYPES or msg.chunk_size < 1:
+        raise DecodeError(
+            f"malformed LRQ message: got m shape {m.shape}, dtype {m.dtype}, d={msg.d}, layer dtype {msg.dtype!r}, "
+            f"chunk_size={msg.chunk_size}; expected a 1-D signed int array of length d"
+        )
+    expected = _tag(kb, msg.d, float(msg.sigma), msg.dtype, msg.chunk_size, m)
+    if not hmac.compare_digest(expected, bytes(msg.tag)):
+        raise DecodeError(
+            f"LRQ message failed its integrity check (d={msg.d}); got a tag that does not match this key: "
+            "the key (round, client or run secret) differs from the encoder's, or the message was altered"
+        )
+    if float(msg.sigma) != sigma:
+        raise DecodeError(f"sigma mismatch: the message was encoded with sigma={msg.sigma!r}, got sigma={sigma!r}; "
+                          "decode with the sigma of this round's schedule")
+    out = np.empty(msg.d, dtype=np.float64)
+    entropy = _stream_entropy(kb)
+    for c, start in enumerate(range(0, msg.d, msg.chunk_size)):
+        n = min(msg.chunk_size, msg.d - start)
+        z, v = _draw(_chunk_rng(entropy, c), n, msg.dtype)
+        for b in range(0, n, _BLOCK):
+            zs, vs = z[b : b + _BLOCK], v[b : b + _BLOCK]
+            own, other = _halfwidths(zs, vs)
+            own += other  # w/sigma
+            own *= m[start + b : start + b + zs.size]
+            own += zs
+            out[start + b : start + b + zs.size] = own
+    out *= sigma
+    return out
+
+
+def lrq_w_min(sigma: float) -> float:
+    """Smallest layer width ``2 sigma sqrt(2 ln 2)`` (spec §3.3), ~2.35482 sigma."""
+    return 2.0 * check_positive("sigma", sigma) * math.sqrt(2.0 * math.log(2.0))
+
+
+def lrq_levels(A: float, sigma: float) -> int:
+    """Exact worst-case number of levels ``2 ceil(A / w_min) + 1`` for inputs in [-A, A] (spec §3.7)."""
+    A = check_nonnegative("A", A, hint="A is the infinity norm bound of the input")
+    return 2 * math.ceil(A / lrq_w_min(sigma)) + 1
+
+
+def lrq_bits_fixed(A: float, sigma: float) -> int:
+    """Fixed-length bits per coordinate, ``ceil(log2(lrq_levels(A, sigma)))`` (spec §3.7, §12)."""
+    return math.ceil(math.log2(lrq_levels(A, sigma)))
+
+
+def lrq_bits_paper(A: float, sigma: float) -> float:
+    """The paper's Lemma 3 real-valued bits ``log2(A / (sigma sqrt(2 ln 2)) + 1)``."""
+    A = check_nonnegative("A", A)
+    return math.log2(A / (check_positive("sigma", sigma) * math.sqrt(2.0 * math.log(2.0))) + 1.0)
+
+
+def lrq_message_bits(d: int, A: float, sigma: float) -> int:
+    """Implementable fixed-length uplink bits: ``d * lrq_bits_fixed + 32`` (A as float32, spec §12)."""
+    return check_int("d", d, minimum=0) * lrq_bits_fixed(A, sigma) + 32
+
+
+def empirical_entropy(m: np.ndarray) -> float:
+    """Empirical entropy of the symbols of ``m`` in bits per coordinate (entropy-coding bound)."""
+    m = np.asarray(m)
+    if m.size == 0:
+        return 0.0
+    _, counts = np.unique(m, return_counts=True)
+    p = counts / m.size
+    return float(-(p * np.log2(p)).sum())

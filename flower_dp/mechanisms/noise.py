@@ -1,0 +1,84 @@
+"""Gaussian and Laplace noise vectors drawn from an explicit ``torch.Generator``.
+
+STYLE.md 2.10: randomness is always passed in.  Derive the generator with
+``flower_dp.rng.torch_generator(seed, node, "noise", k)`` so every backend draws the same
+noise and nodes/iterations are independent (COMMON.md 5, invariant 8).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from flower_dp._checks import check_int, check_nonnegative
+
+__all__ = ["gaussian_noise", "laplace_noise"]
+
+
+def _check_gen(generator, device) -> None:
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be a torch.Generator, got {type(generator).__name__}; "
+            "use flower_dp.rng.torch_generator(seed, node, 'noise', k)"
+        )
+    if torch.device(generator.device).type != torch.device(device).type:
+        raise ValueError(
+            f"generator device must match device {str(device)!r}, got generator on {str(generator.device)!r}; "
+            "pass torch_generator(..., device=device)"
+        )
+
+
+def gaussian_noise(
+    d: int, std: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float32, device="cpu"
+) -> torch.Tensor:
+    """i.i.d. ``N(0, std^2)`` noise.
+
+    Parameters
+    ----------
+    d : int
+        Length of the vector (>= 0).
+    std : float
+        Standard deviation per coordinate (>= 0), in the units of the vector it is added to.
+        ``std == 0`` returns zeros and draws nothing from ``generator``.
+    generator : torch.Generator
+        On the same device type as ``device``.
+
+    Returns
+    -------
+    Tensor, shape (d,), ``dtype`` on ``device``
+    """
+    d = check_int("d", d, minimum=0)
+    std = check_nonnegative("std", std, hint="std is a standard deviation; 0 means no noise")
+    if std == 0.0:
+        return torch.zeros(d, dtype=dtype, device=device)
+    _check_gen(generator, device)
+    return torch.randn(d, generator=generator, dtype=dtype, device=device).mul_(std)
+
+
+def laplace_noise(
+    d: int, scale: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float32, device="cpu"
+) -> torch.Tensor:
+    """i.i.d. ``Laplace(0, scale)`` noise (density ``exp(-|t|/scale) / (2 scale)``).
+
+    Drawn as the difference of two independent ``Exp(1)`` vectors times ``scale`` (exact,
+    no inverse-CDF edge cases), so ``E|n| = scale`` and ``std = sqrt(2) scale``.
+
+    Parameters
+    ----------
+    d : int
+        Length of the vector (>= 0).
+    scale : float
+        Laplace scale ``b`` (>= 0; the DPPS spec's ``S/b``).  0 returns zeros and draws nothing.
+    generator : torch.Generator
+
+    Returns
+    -------
+    Tensor, shape (d,), ``dtype`` on ``device``
+    """
+    d = check_int("d", d, minimum=0)
+    scale = check_nonnegative("scale", scale, hint="scale is the Laplace b; 0 means no noise")
+    if scale == 0.0:
+        return torch.zeros(d, dtype=dtype, device=device)
+    _check_gen(generator, device)
+    e1 = torch.empty(d, dtype=dtype, device=device).exponential_(1.0, generator=generator)
+    e2 = torch.empty(d, dtype=dtype, device=device).exponential_(1.0, generator=generator)
+    return e1.sub_(e2).mul_(scale)
