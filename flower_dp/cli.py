@@ -19,6 +19,8 @@ __all__ = ["main", "build_parser"]
 COMMANDS: list[tuple[str, str]] = [
     ("flower_dp.experiments.cli_run", "register"),
     ("flower_dp.privacy.cli", "register"),
+    ("flower_dp.audit_cli", "register"),
+    ("flower_dp.bench_cli", "register"),
 ]
 
 

@@ -75,7 +75,7 @@ def build_experiment(cfg: ExperimentConfig):
     from ..data import load_dataset, partition
     from ..models import build_model
     from ..topology import make_topology
-    from ..clients.registry import make_node, prepare
+    from ..clients.registry import make_node, prepare, topology_for
 
     seed = int(cfg.run["seed"])
     n = cfg.n_nodes
@@ -91,7 +91,7 @@ def build_experiment(cfg: ExperimentConfig):
 
     model_kw = {k: v for k, v in cfg.model.items() if k != "name"}
     topo_kw = {k: v for k, v in cfg.topology.items() if k not in ("name", "n_nodes")}
-    topology = make_topology(cfg.topology["name"], n, **topo_kw)
+    base_topology = make_topology(cfg.topology["name"], n, **topo_kw)
 
     def new_model():
         return build_model(cfg.model["name"], num_classes=train.num_classes, seed=seed, **model_kw)
@@ -107,6 +107,7 @@ def build_experiment(cfg: ExperimentConfig):
         dim=dim,
         seed=seed,
     )
+    topology = topology_for(plan, base_topology)  # DPPS family adds sync rounds, A(DP)2SGD its matchings
     nodes = []
     for i in range(n):
         idx = torch.as_tensor(parts[i], dtype=torch.long)
