@@ -2,7 +2,8 @@
 
 A config has five tables::
 
-    [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes
+    [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes, progress,
+                 device ("cpu", "cuda", "cuda:1" or "auto")
     [data]       dataset, root, partition, alpha, samples_per_node, test_samples
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
@@ -35,6 +36,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "checkpoint": True,
         "eval_nodes": False,
         "progress": True,
+        "device": "cpu",
     },
     "data": {
         "dataset": "fashion_mnist",

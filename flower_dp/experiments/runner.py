@@ -67,6 +67,20 @@ def evaluate_params(model: torch.nn.Module, flat: torch.Tensor, x: torch.Tensor,
     return correct / n, loss_sum / n
 
 
+def _to_device(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str):
+    return model.to(device), x.to(device), y.to(device)
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU falls back to CPU with a log line."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        print(f"flower-dp: run.device={name!r} but no GPU is visible; running on the CPU", file=sys.stderr)
+        return "cpu"
+    return name
+
+
 def build_experiment(cfg: ExperimentConfig):
     """Load data, partition it, build the topology, the plan and the nodes.
 
@@ -108,6 +122,7 @@ def build_experiment(cfg: ExperimentConfig):
         seed=seed,
     )
     topology = topology_for(plan, base_topology)  # DPPS family adds sync rounds, A(DP)2SGD its matchings
+    device = resolve_device(str(cfg.run.get("device", "cpu")))
     nodes = []
     for i in range(n):
         idx = torch.as_tensor(parts[i], dtype=torch.long)
@@ -120,6 +135,7 @@ def build_experiment(cfg: ExperimentConfig):
                 loss_fn=_loss_fn,
                 data_x=train.x[idx],
                 data_y=train.y[idx],
+                device=device,
             )
         )
     info = {
@@ -129,6 +145,7 @@ def build_experiment(cfg: ExperimentConfig):
         "test_samples": len(x_test),
         "dim": dim,
         "topology": topology.name,
+        "device": device,
     }
     return nodes, plan, topology, (x_test, y_test), eval_model, info
 
@@ -136,6 +153,7 @@ def build_experiment(cfg: ExperimentConfig):
 def _network_average(nodes) -> torch.Tensor:
     flats = [n.eval_params().detach().to("cpu", torch.float64) for n in nodes]
     return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
+
 
 
 def _plan_num_iters(plan, requested: int) -> int:
@@ -188,6 +206,7 @@ def run_experiment(
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
     out_path = rio.ensure_writable_dir(out) if out else None
     nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
+    eval_model, x_test, y_test = _to_device(eval_model, x_test, y_test, info["device"])
     K = _plan_num_iters(plan, int(cfg.run["num_iters"]))
     eval_every = int(cfg.run["eval_every"])
     history: list[dict[str, Any]] = []
@@ -254,7 +273,7 @@ def run_experiment(
             avg = _network_average(nodes)
             if not bool(torch.isfinite(avg).all()):
                 raise NonFiniteError(f"the network-average model became non-finite by iteration {k - 1}", step=k - 1)
-            acc, loss = evaluate_params(eval_model, avg, x_test, y_test)
+            acc, loss = evaluate_params(eval_model, avg.to(info["device"]), x_test, y_test)
             row: dict[str, Any] = {"k": k, "acc_avg": acc, "test_loss_avg": loss, "bits_total": int(bits.sum())}
             if cfg.run.get("eval_nodes"):
                 accs = [evaluate_params(eval_model, nd.eval_params(), x_test, y_test)[0] for nd in nodes]

@@ -1,0 +1,67 @@
+"""The in-process runner: complete results files, resume == uninterrupted, NaN stops cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import flower_dp.experiments.runner as runner_mod
+from flower_dp.errors import NonFiniteError
+from flower_dp.experiments import config_from_dict, run_experiment
+
+
+def _cfg(**algo):
+    params = {"variant": "dyn", "epsilon": 4.0, "delta": 1e-4, "batch_size": 8, "lr": 0.1, "accountant": "rdp"}
+    params.update(algo)
+    return config_from_dict({
+        "run": {"name": "t", "seed": 1, "num_iters": 6, "eval_every": 3, "progress": False},
+        "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 64, "test_samples": 200},
+        "model": {"name": "logreg"},
+        "topology": {"name": "exp_one_peer", "n_nodes": 4},
+        "algorithm": {"name": "dyn_d2p", "params": params},
+    })
+
+
+def test_results_file_complete(tmp_path):
+    res = run_experiment(_cfg(), out_dir=tmp_path)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "finished" and doc["info"]["synthetic_data"] is True
+    assert [row["k"] for row in doc["history"]] == [3, 6]
+    assert len(doc["privacy"]["per_node"]) == 4
+    for p in doc["privacy"]["per_node"]:
+        assert 0 < p["eps_rigorous"] <= 4.0 + 1e-9 and "eps_paper" in p
+    assert len(doc["bits_sent_per_node"]) == 4 and doc["versions"]["torch"]
+    assert (tmp_path / "history.csv").read_text().startswith("k,acc_avg")
+    assert res.final_accuracy == doc["history"][-1]["acc_avg"]
+
+
+def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, monkeypatch):
+    full = run_experiment(_cfg(), out_dir=tmp_path / "full")
+    real_eval = runner_mod.evaluate_params
+    calls = {"n": 0}
+
+    def crash_on_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("simulated stop")
+        return real_eval(*args, **kwargs)
+
+    monkeypatch.setattr(runner_mod, "evaluate_params", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(_cfg(), out_dir=tmp_path / "cut")
+    monkeypatch.setattr(runner_mod, "evaluate_params", real_eval)
+    partial = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert partial["status"] == "running" and len(partial["history"]) == 1  # results so far stay valid
+    resumed = run_experiment(_cfg(), out_dir=tmp_path / "cut", resume=True)
+    assert resumed.history == full.history
+    for a, b in zip(full.nodes, resumed.nodes):
+        assert torch.equal(a.x, b.x) and a.w == b.w
+
+
+def test_nan_stops_the_run_with_results_saved(tmp_path):
+    with pytest.raises(NonFiniteError):
+        run_experiment(_cfg(lr=3e38, variant="nonprivate"), out_dir=tmp_path)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "failed" and doc["error"]
