@@ -24,7 +24,16 @@ import torch
 
 from ._checks import check_choice, check_int, check_positive
 
-__all__ = ["ArrayDataset", "load_dataset", "partition", "DATASETS", "PARTITION_SCHEMES", "FASHION_MNIST_DIR"]
+__all__ = [
+    "ArrayDataset",
+    "load_dataset",
+    "partition",
+    "partition_sizes",
+    "stratified_client_indices",
+    "DATASETS",
+    "PARTITION_SCHEMES",
+    "FASHION_MNIST_DIR",
+]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "synthetic_fashion_mnist", "synthetic_mnist", "synthetic_cifar10")
@@ -63,14 +72,24 @@ class ArrayDataset:
 
 
 def _read_idx(path: Path) -> np.ndarray:
+    """Parse an unsigned-byte IDX file (gzipped or not) into a uint8 array of its stated shape."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         data = f.read()
-    magic = int.from_bytes(data[0:4], "big")
+    magic = int.from_bytes(data[0:4], "big") if len(data) >= 4 else -1
     ndim = magic & 0xFF
-    if magic >> 8 != 0x08:
-        raise ValueError(f"{path} is not an unsigned-byte IDX file (magic {magic:#x})")
+    if magic < 0 or magic >> 8 != 0x08 or not 1 <= ndim <= 4:
+        raise ValueError(
+            f"{path} is not an unsigned-byte IDX file, got magic number {magic:#x} (expected 0x801 or 0x803); "
+            "re-download the dataset"
+        )
     dims = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = 4 + 4 * ndim + int(np.prod(dims))
+    if len(data) != expected:
+        raise ValueError(
+            f"{path} is truncated or corrupt: header says shape {dims} ({expected} bytes), got {len(data)} bytes; "
+            "re-download the dataset"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
@@ -93,53 +112,73 @@ def _idx_folders(root: str | None, tv_name: str) -> list[Path]:
     return out
 
 
+def _default_cache() -> Path:
+    return Path.home() / ".cache" / "flower_dp"
+
+
 @functools.lru_cache(maxsize=8)
 def _load_mnist_like(name: str, train: bool, root: str | None) -> tuple[np.ndarray, np.ndarray]:
     tv_name = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST"}[name]
     prefix = "train" if train else "t10k"
-    for folder in _idx_folders(root, tv_name):
+    folders = _idx_folders(root, tv_name) + [_default_cache() / tv_name / "raw"]
+    for folder in folders:
         img = _find_idx(folder, f"{prefix}-images-idx3-ubyte")
         lab = _find_idx(folder, f"{prefix}-labels-idx1-ubyte")
         if img and lab:
-            return _read_idx(img), _read_idx(lab)
-    arrays = _torchvision(name, train, root)
+            x, y = _read_idx(img), _read_idx(lab)
+            if len(x) != len(y):
+                raise ValueError(f"{img} has {len(x)} images but {lab} has {len(y)} labels, got a mismatch")
+            return x, y
+    arrays, reason = _torchvision(name, train, root)
     if arrays is not None:
         return arrays
     hint = "apt-get install dataset-fashion-mnist, or " if name == "fashion_mnist" else ""
     raise FileNotFoundError(
-        f"dataset {name!r} not found in {[str(p) for p in _idx_folders(root, tv_name)]} and torchvision could not "
-        f"download it (no network?); {hint}put the IDX files under a folder and pass it as root "
-        f"(or set FLOWER_DP_DATA), or ask for the clearly labelled stand-in 'synthetic_{name}'"
+        f"dataset {name!r} not found: no IDX files {prefix}-images-idx3-ubyte[.gz] in {[str(p) for p in folders]}, "
+        f"and torchvision could not download it (got {reason}); {hint}put the IDX files under a folder and pass "
+        f"it as root (or set FLOWER_DP_DATA), or ask for the clearly labelled stand-in 'synthetic_{name}'"
     )
 
 
-def _torchvision(name: str, train: bool, root: str | None):
+def _torchvision(name: str, train: bool, root: str | None) -> tuple[tuple[np.ndarray, np.ndarray] | None, str]:
+    """``((x uint8, y), "")`` through torchvision (download if needed), or ``(None, reason)``."""
     try:
         import torchvision.datasets as tvd
-    except Exception:  # torchvision missing or broken beside this torch
-        return None
+    except Exception as exc:  # torchvision missing or broken beside this torch
+        return None, f"torchvision import failed: {type(exc).__name__}: {exc}"
     cls = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10"}[name]
-    target = root or os.environ.get("FLOWER_DP_DATA") or str(Path.home() / ".cache" / "flower_dp")
+    target = root or os.environ.get("FLOWER_DP_DATA") or str(_default_cache())
     try:
         ds = getattr(tvd, cls)(target, train=train, download=True)
-    except Exception:
-        return None
-    x = np.asarray(ds.data)
-    y = np.asarray(ds.targets)
-    return x, y
+    except Exception as exc:  # no network, or a corrupt download
+        return None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    return (np.asarray(ds.data), np.asarray(ds.targets)), ""
+
+
+_BASE_CODE = {"fashion_mnist": 1, "mnist": 2, "cifar10": 3}  # stable across processes (never hash())
 
 
 @functools.lru_cache(maxsize=8)
 def _synthetic(base: str, train: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A learnable stand-in: 10 fixed class templates plus Gaussian pixel noise, uint8 like the real data."""
+    """A learnable stand-in with the real dataset's shapes and sizes, uint8 like the real data.
+
+    10 fixed class templates ``T_c ~ U(0, 255)`` per pixel (shared by the train and test
+    splits), each sample ``x = clip(T_y / 2 + N(127, 60^2) / 2, 0, 255)``, labels uniform.
+    Deterministic in ``(base, train, seed)``, independent of the process.
+    """
     shape = _SHAPES[base]
     n = _SIZES[base][0 if train else 1]
-    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(hash(base) % (2**31),)))
-    templates = rng.uniform(0, 255, size=(10, *shape))
-    rng_split = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1 if train else 2,)))
-    y = rng_split.integers(0, 10, size=n)
-    x = templates[y] * 0.5 + rng_split.normal(127.0, 60.0, size=(n, *shape)) * 0.5
-    x = np.clip(x, 0, 255).astype(np.uint8)
+    code = _BASE_CODE[base]
+    templates = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(code, 0))).uniform(
+        0, 255, size=(10, *shape)
+    ).astype(np.float32)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(code, 1 if train else 2)))
+    y = rng.integers(0, 10, size=n)
+    x = np.empty((n, *shape), dtype=np.uint8)
+    for lo in range(0, n, 5000):  # chunks keep the float32 temporaries small
+        hi = min(n, lo + 5000)
+        noise = rng.standard_normal((hi - lo, *shape), dtype=np.float32) * 60.0 + 127.0
+        x[lo:hi] = np.clip(templates[y[lo:hi]] * 0.5 + noise * 0.5, 0, 255).astype(np.uint8)
     if shape[0] == 3:
         x = x.transpose(0, 2, 3, 1)  # store HWC like torchvision's CIFAR
     else:
@@ -179,11 +218,12 @@ def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> A
         x, y = _synthetic(base, train)
         return _to_dataset(x, y, base, name, synthetic=True)
     if name == "cifar10":
-        arrays = _torchvision(name, train, root)
+        arrays, reason = _torchvision(name, train, root)
         if arrays is None:
             raise FileNotFoundError(
-                "dataset 'cifar10' needs torchvision and network access (or a torchvision root with the files "
-                "already downloaded, passed as root); ask for 'synthetic_cifar10' for a clearly labelled stand-in"
+                f"dataset 'cifar10' needs torchvision and network access, got {reason}; or pass as root a "
+                "torchvision root that already holds cifar-10-batches-py/, or ask for 'synthetic_cifar10' for a "
+                "clearly labelled stand-in"
             )
         return _to_dataset(*arrays, "cifar10", "cifar10", synthetic=False)
     x, y = _load_mnist_like(name, train, root)
@@ -215,9 +255,14 @@ def partition(
 
     Returns
     -------
-    list of int64 arrays, one per node, disjoint.
+    list of n_nodes sorted int64 index arrays, disjoint; they cover all samples except the
+    dropped remainder of ``shuffle_split`` (privsgp-vr.md 8.15: every node gets
+    ``J = floor(N / n)``).  ``dirichlet`` covers all samples and gives every node >= 1.
     """
     labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"labels must be a 1-D array of class labels, got shape {labels.shape}")
+    seed = check_int("seed", seed, minimum=0)
     n = len(labels)
     n_nodes = check_int("n_nodes", n_nodes, minimum=1)
     check_choice("partition scheme", scheme, PARTITION_SCHEMES)
@@ -226,7 +271,7 @@ def partition(
             f"n_nodes must be <= the number of samples ({n}) so every node gets data, got {n_nodes}; "
             "use fewer nodes or a larger dataset"
         )
-    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(n_nodes, 17)))
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(n_nodes, 17)))
     if scheme in ("shuffle_split", "iid"):
         perm = rng.permutation(n)
         per = n // n_nodes
@@ -245,3 +290,33 @@ def partition(
             donor = max(range(n_nodes), key=lambda j: len(parts[j]))
             parts[i].append(parts[donor].pop())
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def partition_sizes(parts: list[np.ndarray]) -> list[int]:
+    """Per-node sample counts ``J_i = len(parts[i])`` (the accountants' ``q = B / J_i``)."""
+    return [int(len(p)) for p in parts]
+
+
+def stratified_client_indices(
+    labels: np.ndarray | torch.Tensor, partition_id: int, *, per_class: int, seed: int = 0
+) -> np.ndarray:
+    """Gau-LRQ's client data (gau-lrq.md 8.2): ``per_class`` indices of every class, drawn without
+    replacement, independently of the other clients (overlap between clients allowed).
+
+    A deterministic function of ``(seed, partition_id)``, so 48,000 clients need not be
+    materialised.  Returns sorted int64 indices, ``num_classes * per_class`` of them.
+    """
+    labels = np.asarray(labels)
+    partition_id = check_int("partition_id", partition_id, minimum=0)
+    per_class = check_int("per_class", per_class, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(partition_id, 23)))
+    out = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        if per_class > len(idx):
+            raise ValueError(
+                f"per_class must be <= the {len(idx)} samples of class {c}, got {per_class}; use a smaller per_class"
+            )
+        out.append(rng.choice(idx, size=per_class, replace=False))
+    return np.sort(np.concatenate(out)).astype(np.int64)

@@ -7,9 +7,18 @@
 | ``partpsp_mlp`` | DPPS / PartPSP MNIST MLP (dpps-partpsp.md 4.3) | 24,324 |
 | ``lenet`` | Gau-LRQ MNIST LeNet (gau-lrq.md 8.2 decision) | 61,706 |
 | ``resnet18_cifar_gn`` | CIFAR ResNet-18, GroupNorm instead of BatchNorm | 11,173,962 |
+| ``resnet34_cifar_gn`` | Gau-LRQ CIFAR-100 ResNet-34 (gau-lrq.md 8.2), GroupNorm | 21,282,122 (10 classes) |
+| ``resnet18_tv_bn`` | DPPS FMNIST: torchvision ResNet-18 **with BatchNorm** (COMMON.md 6 #16) | 11,181,642 |
 | ``logreg`` | multinomial logistic regression (convex tests) | (in_features + 1) * classes |
 
-Initialisation is deterministic from ``seed`` and never touches the global RNG.
+Every model except ``resnet18_tv_bn`` is free of BatchNorm and works with
+``torch.func.functional_call`` + ``vmap`` (per-sample gradients).  ``resnet18_tv_bn`` exists
+only to reproduce DPPS/PartPSP (batch-level L1 clipping, no record-level DP claimed); its
+running statistics are node-local buffers, never shared, and the per-sample clipping code
+refuses it.  ImageNet weights are not loaded (offline): it starts from a fresh initialisation.
+
+Initialisation is deterministic from ``seed`` and leaves the global torch RNG unchanged
+(``torch.random.fork_rng``; do not build models from several threads at once).
 """
 
 from __future__ import annotations
@@ -19,11 +28,13 @@ from torch import nn
 
 from ._checks import check_choice, check_int
 
-__all__ = ["build_model", "count_parameters", "shared_parameter_names", "MODELS", "PartPSPMLP"]
+__all__ = ["build_model", "count_parameters", "shared_parameter_names", "model_name_of", "MODELS", "PartPSPMLP"]
 
 
 class ShallowCNN(nn.Module):
     """FedAvg-style CNN: Conv(1->32,5)+ReLU+Pool2, Conv(32->64,5)+ReLU+Pool2, FC(1024->512)+ReLU, FC(512->C)."""
+
+    registry_name = "shallow_cnn"
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__()
@@ -41,6 +52,8 @@ class ShallowCNN(nn.Module):
 class MLP2(nn.Module):
     """Two-layer net 784-128-C with ReLU (PrivSGP-VR's MNIST model)."""
 
+    registry_name = "mlp_2layer"
+
     def __init__(self, num_classes: int = 10, in_features: int = 784, hidden: int = 128) -> None:
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden)
@@ -57,8 +70,13 @@ class PartPSPMLP(nn.Module):
     ``out = h + tanh(W3 tanh(W2 h + b2) + b3)``; shared block = ``l1``.
     ``structure="res784"`` (PartPSP-2 and the fully shared model): ``z = x + tanh(W2 tanh(W1 x + b1) + b2)``,
     ``out = tanh(W3 z + b3)``; shared block = ``l1``, ``l2``.
-    Parameter names: ``l1`` (784->10), ``l2`` (10->784), ``l3`` (784->10 or 10... see structure).
+    Both structures have the same parameters: ``l1`` Linear(784, C) (7,850), ``l2`` Linear(C, 784)
+    (8,624), ``l3`` Linear(784, C) (7,850); d = 24,324 for C = 10.  Build PartPSP-1 runs with
+    ``build_model("partpsp_mlp", structure="code10")``.  Input (N, 784) or (N, 1, 28, 28);
+    output (N, C) bounded logits.
     """
+
+    registry_name = "partpsp_mlp"
 
     def __init__(self, num_classes: int = 10, in_features: int = 784, structure: str = "res784") -> None:
         super().__init__()
@@ -78,6 +96,8 @@ class PartPSPMLP(nn.Module):
 
 class LeNet(nn.Module):
     """LeNet-5 for 28x28 inputs: Conv(1->6,5,pad 2)+ReLU+Pool, Conv(6->16,5)+ReLU+Pool, 400-120-84-C."""
+
+    registry_name = "lenet"
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
         super().__init__()
@@ -110,16 +130,27 @@ class _Block(nn.Module):
         return torch.relu(self.gn2(self.conv2(out)) + self.shortcut(x))
 
 
-class ResNet18GN(nn.Module):
-    """CIFAR ResNet-18 (3x3 stem, no max-pool, BasicBlock [2,2,2,2]) with GroupNorm(32) instead of BatchNorm."""
+class ResNetGN(nn.Module):
+    """CIFAR ResNet (3x3 stride-1 stem, no max-pool, BasicBlocks, widths 64-128-256-512, strides 1-2-2-2,
+    global average pool, Linear head) with GroupNorm(``groups``) in place of BatchNorm.
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, groups: int = 32) -> None:
+    Input (N, in_channels, H, W) float32, e.g. (N, 3, 32, 32); output (N, num_classes) logits.
+    Parameter names follow torchvision (``conv1``, ``gn1``, ``layer1..4``, ``fc``).
+    """
+
+    registry_name = "resnet_cifar_gn"
+
+    def __init__(self, blocks=(2, 2, 2, 2), num_classes: int = 10, in_channels: int = 3, groups: int = 32) -> None:
         super().__init__()
+        check_int("groups", groups, minimum=1)
+        if 64 % groups:
+            raise ValueError(f"groups must divide 64 (the smallest width), got {groups}; use 1, 2, 4, 8, 16, 32 or 64")
         self.conv1 = nn.Conv2d(in_channels, 64, 3, 1, 1, bias=False)
         self.gn1 = nn.GroupNorm(groups, 64)
         layers, cin = [], 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
-            layers.append(nn.Sequential(_Block(cin, cout, stride, groups), _Block(cout, cout, 1, groups)))
+        for (cout, stride), nb in zip(((64, 1), (128, 2), (256, 2), (512, 2)), blocks):
+            rest = [_Block(cout, cout, 1, groups) for _ in range(nb - 1)]
+            layers.append(nn.Sequential(_Block(cin, cout, stride, groups), *rest))
             cin = cout
         self.layer1, self.layer2, self.layer3, self.layer4 = layers
         self.fc = nn.Linear(512, num_classes)
@@ -130,8 +161,56 @@ class ResNet18GN(nn.Module):
         return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(x, 1), 1))
 
 
+class ResNet18GN(ResNetGN):
+    """CIFAR ResNet-18 ([2, 2, 2, 2]) with GroupNorm; d = 11,173,962 for 10 classes (privsgp-vr.md 5.2)."""
+
+    registry_name = "resnet18_cifar_gn"
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, groups: int = 32) -> None:
+        super().__init__((2, 2, 2, 2), num_classes, in_channels, groups)
+
+
+class ResNet34GN(ResNetGN):
+    """CIFAR ResNet-34 ([3, 4, 6, 3]) with GroupNorm (gau-lrq.md 8.2, CIFAR-100)."""
+
+    registry_name = "resnet34_cifar_gn"
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, groups: int = 32) -> None:
+        super().__init__((3, 4, 6, 3), num_classes, in_channels, groups)
+
+
+class ResNet18TVBN(nn.Module):
+    """torchvision ResNet-18 (7x7 stem, max-pool, BatchNorm) with a ``num_classes`` head (dpps-partpsp.md 4.3).
+
+    The submodules are torchvision's own (same parameter names: ``conv1``, ``bn1``,
+    ``layer1..4``, ``fc``).  Grey (N, 1, H, W) inputs are replicated to 3 channels, as in the
+    DPPS code; no resizing.  Has BatchNorm: not for per-sample DP.
+    """
+
+    registry_name = "resnet18_tv_bn"
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        try:
+            from torchvision.models import resnet18
+        except Exception as exc:  # pragma: no cover - torchvision is installed here
+            raise ImportError(f"model 'resnet18_tv_bn' needs torchvision, got {type(exc).__name__}: {exc}") from exc
+        net = resnet18(weights=None, num_classes=num_classes)
+        for part in ("conv1", "bn1", "relu", "maxpool", "layer1", "layer2", "layer3", "layer4", "avgpool", "fc"):
+            setattr(self, part, getattr(net, part))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] == 1:
+            x = x.expand(-1, 3, -1, -1)
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
 class LogReg(nn.Module):
     """Multinomial logistic regression (one Linear layer) for convex tests."""
+
+    registry_name = "logreg"
 
     def __init__(self, num_classes: int = 10, in_features: int = 784) -> None:
         super().__init__()
@@ -147,16 +226,20 @@ MODELS = {
     "partpsp_mlp": PartPSPMLP,
     "lenet": LeNet,
     "resnet18_cifar_gn": ResNet18GN,
+    "resnet34_cifar_gn": ResNet34GN,
+    "resnet18_tv_bn": ResNet18TVBN,
     "logreg": LogReg,
 }
 
-#: PartPSP splits: names of shared parameter prefixes per (model, split) (dpps-partpsp.md 4.3).
+#: PartPSP splits: shared parameter-name prefixes per (model, split) (dpps-partpsp.md 4.3).
 _SPLITS = {
     ("partpsp_mlp", "partpsp1"): ("l1.",),
     ("partpsp_mlp", "partpsp2"): ("l1.", "l2."),
-    ("resnet18_cifar_gn", "partpsp1"): ("conv1.", "gn1.", "layer1."),
-    ("resnet18_cifar_gn", "partpsp2"): ("conv1.", "gn1.", "layer1.", "layer2."),
 }
+for _m, _norm in (("resnet18_cifar_gn", "gn1."), ("resnet34_cifar_gn", "gn1."), ("resnet18_tv_bn", "bn1.")):
+    _SPLITS[(_m, "partpsp1")] = ("conv1.", _norm, "layer1.")
+    _SPLITS[(_m, "partpsp2")] = ("conv1.", _norm, "layer1.", "layer2.")
+SPLITS = ("partpsp1", "partpsp2", "all", "all_but_head")
 
 
 def build_model(name: str, *, num_classes: int = 10, seed: int = 0, **kwargs) -> nn.Module:
@@ -180,17 +263,53 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def shared_parameter_names(model_name: str, split: str, model: nn.Module) -> list[str]:
-    """Names of the parameters PartPSP shares for ``split`` in {"partpsp1", "partpsp2", "all"}.
+def model_name_of(model: nn.Module) -> str:
+    """The registry name of a model built by :func:`build_model` (e.g. ``"partpsp_mlp"``)."""
+    name = getattr(type(model), "registry_name", None)
+    if name not in MODELS:
+        raise ValueError(
+            f"model must be one built by build_model (one of {sorted(MODELS)}), got {type(model).__name__}; "
+            "pass the registry name explicitly: shared_parameter_names(name, split, model)"
+        )
+    return name
 
-    ``all`` (SGPDP) shares everything.  The rest is the node-local head, never sent.
+
+def shared_parameter_names(model: nn.Module | str, split: str, module: nn.Module | None = None) -> list[str]:
+    """Names of the parameters PartPSP shares (gossips) for ``split``; the rest is the node-local head.
+
+    Parameters
+    ----------
+    model : nn.Module or str
+        A model from :func:`build_model`; or its registry name, followed by the module as
+        ``module`` (the older form ``shared_parameter_names(name, split, model)``).
+    split : str
+        ``"partpsp1"`` / ``"partpsp2"`` (dpps-partpsp.md 4.3: MLP d_s = 7,850 / 16,474;
+        torchvision ResNet-18 d_s = 157,504 / 683,072), ``"all"`` (SGPDP / SGP: every
+        parameter, the spec's decision) or ``"all_but_head"`` (every parameter except the
+        last Linear layer, the code's "full" variant offered as an option).
+
+    Returns
+    -------
+    list of str, in ``named_parameters`` order.
     """
-    names = [n for n, _ in model.named_parameters()]
+    if isinstance(model, str):
+        if module is None:
+            raise ValueError(f"shared_parameter_names({model!r}, {split!r}) needs the module too, got None; "
+                             "pass the model object instead of its name")
+        name = check_choice("model", model, MODELS)
+    else:
+        module, name = model, model_name_of(model)
+    check_choice("PartPSP split", split, SPLITS)
+    names = [n for n, _ in module.named_parameters()]
     if split == "all":
         return names
-    key = (model_name, split)
+    if split == "all_but_head":
+        last = [m for m, mod in module.named_modules() if isinstance(mod, nn.Linear)][-1]
+        return [n for n in names if not n.startswith(last + ".")]
+    key = (name, split)
     if key not in _SPLITS:
-        valid = sorted({s for (m, s) in _SPLITS if m == model_name} | {"all"})
-        raise ValueError(f"unknown PartPSP split {split!r} for model {model_name!r}; valid choices are {valid}")
-    prefixes = _SPLITS[key]
-    return [n for n in names if n.startswith(prefixes)]
+        valid = sorted({s for (m, s) in _SPLITS if m == name} | {"all", "all_but_head"})
+        raise ValueError(
+            f"unknown PartPSP split {split!r} for model {name!r}, got no such split; valid choices are {valid}"
+        )
+    return [n for n in names if n.startswith(_SPLITS[key])]

@@ -16,16 +16,18 @@ Example (``exp_one_peer(4)``, k = 0: every node sends half to the next node)::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_choice, check_int
 
 __all__ = [
     "Topology",
     "exp_one_peer",
+    "exp_two_peer",
     "exp_all_hops",
     "d_out",
     "directed_ring",
@@ -62,7 +64,8 @@ def validate_mixing_matrix(P: np.ndarray, *, doubly_stochastic: bool = False, na
     if (diag <= 0).any():
         i = int(np.flatnonzero(diag <= 0)[0])
         raise ValueError(
-            f"{name} must have a positive diagonal (every node keeps part of its own value), got {name}[{i}, {i}] = {diag[i]}"
+            f"{name} must have a positive diagonal (every node keeps part of its own value), "
+            f"got {name}[{i}, {i}] = {diag[i]}"
         )
     cols = P.sum(axis=0)
     bad = np.flatnonzero(np.abs(cols - 1) > _TOL)
@@ -77,7 +80,8 @@ def validate_mixing_matrix(P: np.ndarray, *, doubly_stochastic: bool = False, na
         bad = np.flatnonzero(np.abs(rows - 1) > _TOL)
         if bad.size:
             raise ValueError(
-                f"{name} must be doubly stochastic for this algorithm, got row {int(bad[0])} summing to {float(rows[bad[0]])!r}; "
+                f"{name} must be doubly stochastic for this algorithm, got row {int(bad[0])} summing to "
+                f"{float(rows[bad[0]])!r}; "
                 "use a circulant graph (d_out, exp_one_peer, complete, rings)"
             )
     return P
@@ -85,21 +89,10 @@ def validate_mixing_matrix(P: np.ndarray, *, doubly_stochastic: bool = False, na
 
 def _reachable_all(adj: np.ndarray) -> bool:
     """True if the directed graph with adjacency ``adj[receiver, sender] > 0`` is strongly connected."""
-    n = adj.shape[0]
-    a = adj > 0
-    for mat in (a, a.T):
-        seen = np.zeros(n, dtype=bool)
-        seen[0] = True
-        frontier = [0]
-        while frontier:
-            j = frontier.pop()
-            for i in np.flatnonzero(mat[:, j]):
-                if not seen[i]:
-                    seen[i] = True
-                    frontier.append(int(i))
-        if not seen.all():
-            return False
-    return True
+    from scipy.sparse.csgraph import connected_components
+
+    n_comp, _ = connected_components(adj > 0, directed=True, connection="strong")
+    return n_comp == 1
 
 
 @dataclass(frozen=True)
@@ -109,15 +102,21 @@ class Topology:
     Parameters
     ----------
     n : int
-        Number of nodes.
+        Number of nodes (>= 1; ``n = 1`` is a single node that only keeps its own value).
     name : str
         Registry name (recorded in results).
     matrix_fn : callable k -> ndarray (n, n)
-        The mixing matrix at iteration ``k`` (``P[receiver, sender]``), float64.
+        The mixing matrix at iteration ``k`` in ``[0, period)`` (``P[receiver, sender]``),
+        float64.  Must be picklable for process backends (module-level function or class).
     period : int
         ``P^(k + period) == P^k``; 1 for a static graph.
     doubly_stochastic : bool
         Rows also sum to 1 at every ``k`` (push-sum weights then stay exactly 1).
+
+    Notes
+    -----
+    Matrices are validated (non-negative, positive diagonal, column sums 1 within 1e-12)
+    the first time each phase is requested and cached read-only.
     """
 
     n: int
@@ -127,36 +126,81 @@ class Topology:
     doubly_stochastic: bool = False
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        check_int("n", self.n, minimum=1)
+        check_int("period", self.period, minimum=1)
+
     @property
     def static(self) -> bool:
+        """True when ``P^k`` does not depend on ``k`` (``period == 1``)."""
         return self.period == 1
 
     def matrix(self, k: int) -> np.ndarray:
-        """``P^k`` as a read-only (n, n) float64 array."""
+        """``P^k`` as a read-only (n, n) float64 array, ``P[receiver, sender]``."""
         key = int(k) % self.period
         P = self._cache.get(key)
         if P is None:
             P = validate_mixing_matrix(self.matrix_fn(key), doubly_stochastic=self.doubly_stochastic, name=f"P^{key}")
             if P.shape != (self.n, self.n):
                 raise ValueError(f"{self.name}: P^{key} must have shape ({self.n}, {self.n}), got {P.shape}")
+            P = P.copy()
             P.setflags(write=False)
             self._cache[key] = P
         return P
 
     def out_neighbors(self, i: int, k: int) -> list[int]:
         """Receivers of node ``i`` at ``k`` (sorted, ``i`` itself excluded)."""
-        col = self.matrix(k)[:, i]
+        col = self.matrix(k)[:, self._node(i)]
         return [int(r) for r in np.flatnonzero(col) if r != i]
 
     def in_neighbors(self, i: int, k: int) -> list[int]:
         """Senders to node ``i`` at ``k`` (sorted, ``i`` itself excluded)."""
-        row = self.matrix(k)[i, :]
+        row = self.matrix(k)[self._node(i), :]
         return [int(s) for s in np.flatnonzero(row) if s != i]
 
     def send_weights(self, i: int, k: int) -> dict[int, float]:
-        """``{receiver: P^k[receiver, i]}`` for node ``i``'s outbox, including itself."""
-        col = self.matrix(k)[:, i]
+        """``{receiver: P^k[receiver, i]}`` for node ``i``'s outbox, including ``i`` itself; sums to 1."""
+        col = self.matrix(k)[:, self._node(i)]
         return {int(r): float(col[r]) for r in np.flatnonzero(col)}
+
+    def _node(self, i: int) -> int:
+        return check_int("node id", i, minimum=0, maximum=self.n - 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Picklable matrix functions (no lambdas, so topologies cross process boundaries).
+
+
+class _Fixed:
+    """``k -> P`` for a static graph."""
+
+    def __init__(self, P: np.ndarray) -> None:
+        self.P = P
+
+    def __call__(self, k: int) -> np.ndarray:
+        return self.P
+
+
+class _OnePeer:
+    """``k -> (I + shift by 2^(k mod m)) / 2``: node i sends half to ``(i + 2^(k mod m)) mod n``."""
+
+    def __init__(self, n: int, m: int) -> None:
+        self.n, self.m = n, m
+
+    def __call__(self, k: int) -> np.ndarray:
+        hop = 1 << (k % self.m)
+        return _uniform_from_out(self.n, [[i + hop] for i in range(self.n)])
+
+
+class _Sync:
+    """``base`` except the complete graph (1/n) when ``(k + 1) % sync_period == 0``."""
+
+    def __init__(self, base: Topology, sync_period: int) -> None:
+        self.base, self.sync_period = base, sync_period
+        self.full = np.full((base.n, base.n), 1.0 / base.n)
+
+    def __call__(self, k: int) -> np.ndarray:
+        return self.full if (k + 1) % self.sync_period == 0 else self.base.matrix(k)
 
 
 def _check_n(n: int, minimum: int = 1) -> int:
@@ -164,110 +208,144 @@ def _check_n(n: int, minimum: int = 1) -> int:
 
 
 def _num_hops(n: int) -> int:
-    """m = floor(log2(n - 1)) + 1 computed with integers; 1 for n <= 2."""
+    """m = floor(log2(n - 1)) + 1 computed with integers ((n-1).bit_length()); 1 for n <= 2."""
     return max(1, (n - 1).bit_length())
 
 
-def _uniform_from_out(n: int, outs: list[list[int]]) -> np.ndarray:
-    """Column-stochastic matrix where sender j splits 1/(1 + |outs[j]|) over itself and outs[j]."""
+def _uniform_from_out(n: int, outs: list) -> np.ndarray:
+    """Column-stochastic matrix where sender j splits 1/(1 + |outs[j]|) over itself and outs[j] (mod n)."""
     P = np.zeros((n, n))
     for j, targets in enumerate(outs):
-        ts = sorted(set(int(t) % n for t in targets) - {j})
+        ts = sorted({int(t) % n for t in targets} - {j})
         w = 1.0 / (1 + len(ts))
         P[j, j] = w
-        for t in ts:
-            P[t, j] = w
+        P[ts, j] = w
     return P
 
 
+def _single_node(name: str) -> Topology:
+    return Topology(1, name, _Fixed(np.ones((1, 1))), 1, True)
+
+
 def exp_one_peer(n: int) -> Topology:
-    """Time-varying directed exponential graph, one peer per iteration (Dyn-D2P, PrivSGP-VR, DPPS "EXP":
-    two out-neighbours counting the node itself, weight 1/2 each).
+    """Time-varying directed exponential graph, one peer per iteration (Dyn-D2P, PrivSGP-VR).
 
     Node ``i`` sends half of its value to ``(i + 2^(k mod m)) mod n`` and keeps half,
-    ``m = floor(log2(n - 1)) + 1`` (n = 20: hops 1, 2, 4, 8, 16).  Doubly stochastic.
-    ``n = 1`` gives the single-node graph ``P = [[1]]``.
+    ``m = floor(log2(n - 1)) + 1`` computed with integers (n = 20: hops 1, 2, 4, 8, 16;
+    n = 2: m = 1, hop 1).  Period ``m``; doubly stochastic, so push-sum weights stay 1.
+
+    ``n = 1`` is a single node with ``P = [[1]]`` (no communication, plain local SGD).
     """
     n = _check_n(n)
     if n == 1:
-        return from_matrix(np.ones((1, 1)), name="exp_one_peer")
+        return _single_node("exp_one_peer")
     m = _num_hops(n)
-    return Topology(
-        n,
-        "exp_one_peer",
-        lambda k: _uniform_from_out(n, [[i + (1 << (k % m))] for i in range(n)]),
-        period=m,
-        doubly_stochastic=True,
-    )
+    return Topology(n, "exp_one_peer", _OnePeer(n, m), period=m, doubly_stochastic=True)
+
+
+def exp_two_peer(n: int) -> Topology:
+    """DPPS / PartPSP "EXP" graph (dpps-partpsp.md 6.4; paper Remark 2).
+
+    At round ``k`` node ``i`` sends to itself and to ``(i + 2^(k mod B)) mod n``,
+    ``B = floor(log2(n - 1)) + 1`` (n = 10: offsets 1, 2, 4, 8): "exactly two
+    out-neighbours" counting the self-loop, weight 1/2 each.  These are exactly the
+    matrices of :func:`exp_one_peer` (same phase: one global ``k``, COMMON.md 6 #3);
+    only the recorded name differs.  ``n = 1``: ``P = [[1]]``.
+    """
+    t = exp_one_peer(n)
+    return Topology(t.n, "exp_two_peer", t.matrix_fn, t.period, t.doubly_stochastic)
 
 
 def exp_all_hops(n: int) -> Topology:
-    """Static directed exponential graph with all hops 1, 2, 4, ... (DP-CSGP); weight 1/(1 + outdeg)."""
+    """Static directed exponential graph with all hops (DP-CSGP): i -> i + 2^e, e = 0..m-1.
+
+    Weight ``1/(1 + outdeg)`` = 1/(1 + m) (n = 10: hops 1, 2, 4, 8, weight 1/5).  Circulant,
+    hence doubly stochastic.  ``n = 1``: ``P = [[1]]``.
+    """
     n = _check_n(n)
     if n == 1:
-        return from_matrix(np.ones((1, 1)), name="exp_all_hops")
+        return _single_node("exp_all_hops")
     m = _num_hops(n)
     P = _uniform_from_out(n, [[i + (1 << e) for e in range(m)] for i in range(n)])
-    return Topology(n, "exp_all_hops", lambda k: P, doubly_stochastic=bool(np.allclose(P.sum(1), 1, atol=_TOL)))
+    return Topology(n, "exp_all_hops", _Fixed(P), doubly_stochastic=True)
 
 
 def d_out(n: int, deg: int) -> Topology:
     """DPPS's circulant "d-Out" graph: node i sends to i + e, e = 0..deg-1 (itself included), weight 1/deg.
 
-    ``deg = 2`` is the directed ring, ``deg = n`` the complete graph.
+    ``deg = 1`` is the self-loop only (DPPS Fig. 4 "1-Out"; not connected on its own, only
+    with sync rounds, :func:`with_sync`), ``deg = 2`` the directed ring, ``deg = n`` the
+    complete graph.  Doubly stochastic.
     """
     n = _check_n(n)
     deg = check_int("deg", deg, minimum=1)
     if deg > n:
-        raise ValueError(f"deg must be in [1, n] = [1, {n}] (it counts the node itself), got {deg}")
+        raise ValueError(f"deg must be in [1, n] = [1, {n}] (it counts the node itself), got {deg}; use deg <= n")
     P = _uniform_from_out(n, [[i + e for e in range(1, deg)] for i in range(n)])
-    return Topology(n, f"d_out_{deg}", lambda k: P, doubly_stochastic=True)
+    return Topology(n, f"d_out_{deg}", _Fixed(P), doubly_stochastic=True)
 
 
 def directed_ring(n: int) -> Topology:
-    """Static directed ring i -> i + 1, weights 1/2 self, 1/2 next."""
-    return _renamed(d_out(_check_n(n), min(2, n)), "directed_ring")
+    """Static directed ring i -> i + 1, weights 1/2 self, 1/2 next (``n = 1``: ``[[1]]``)."""
+    n = _check_n(n)
+    t = d_out(n, min(2, n))
+    return Topology(n, "directed_ring", t.matrix_fn, 1, True)
 
 
 def undirected_ring(n: int) -> Topology:
-    """Undirected ring: 1/3 self, 1/3 left, 1/3 right (n = 2: 1/2-1/2)."""
+    """Undirected ring: 1/3 self, 1/3 left, 1/3 right (n = 2: 1/2-1/2; n = 1: ``[[1]]``)."""
     n = _check_n(n)
     P = _uniform_from_out(n, [[i - 1, i + 1] for i in range(n)])
-    return Topology(n, "undirected_ring", lambda k: P, doubly_stochastic=True)
+    return Topology(n, "undirected_ring", _Fixed(P), doubly_stochastic=True)
 
 
 def complete(n: int) -> Topology:
-    """Complete graph with uniform weights 1/n."""
+    """Complete graph with uniform weights 1/n (``n = 1``: ``[[1]]``)."""
     n = _check_n(n)
-    return _renamed(d_out(n, n), "complete")
+    return Topology(n, "complete", _Fixed(np.full((n, n), 1.0 / n)), doubly_stochastic=True)
 
 
 def random_irregular(n: int, *, seed: int = 0, p: float = 0.3) -> Topology:
-    """A seeded random strongly connected directed graph with unequal out-degrees.
+    """A seeded random strongly connected static digraph with unequal out-degrees.
 
-    A directed ring guarantees strong connectivity; each other edge is added with
-    probability ``p``; node 0 gets one extra edge so out-degrees are never all equal.
-    Weights ``1/(1 + outdeg_j)``: columns sum to 1 but rows do not, so push-sum
-    weights really move (the graph that exercises de-biasing).
+    A directed ring ``i -> i + 1`` guarantees strong connectivity; every other edge is
+    added with probability ``p``.  If all out-degrees come out equal, node 0 gets one
+    more edge (or, if it already sends to everyone, only its ring edge).  Weights
+    ``1/(1 + outdeg_j)``: columns sum to 1 but rows do not, so push-sum weights really
+    move (the graph that exercises de-biasing; COMMON.md 3 fixture (c)).
+
+    Parameters
+    ----------
+    n : int
+        Number of nodes, >= 3 (with 2 nodes every strongly connected digraph is regular).
+    seed : int
+        The graph is a deterministic function of ``(n, seed, p)``.
+    p : float in [0, 1]
+        Probability of each extra edge.
     """
-    n = _check_n(n, 3)
-    rng = np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(n,)))
+    n = check_int("n", n)
+    if n < 3:
+        raise ValueError(
+            f"random_irregular needs n >= 3 nodes (with 2 nodes every strongly connected graph is regular), got {n}; "
+            "use exp_one_peer, complete or from_matrix for small n"
+        )
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"p (extra-edge probability) must be in [0, 1], got {p}")
+    seed = check_int("seed", seed, minimum=0)
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(n,)))
     outs = [{(i + 1) % n} for i in range(n)]
     for i in range(n):
         for j in range(n):
             if j != i and rng.random() < p:
                 outs[i].add(j)
-    degs = [len(o) for o in outs]
-    if len(set(degs)) == 1:
-        outs[0].add(next(j for j in range(n) if j not in outs[0] and j != 0) if degs[0] < n - 1 else 1)
-        if len({len(o) for o in outs}) == 1:
+    if len({len(o) for o in outs}) == 1:  # all equal: make node 0 different
+        if len(outs[0]) < n - 1:
+            outs[0].add(min(j for j in range(1, n) if j not in outs[0]))
+        else:
             outs[0] = {1}
     P = _uniform_from_out(n, [sorted(o) for o in outs])
-    return Topology(n, f"random_irregular_s{seed}", lambda k: P)
-
-
-def _renamed(t: Topology, name: str) -> Topology:
-    return Topology(t.n, name, t.matrix_fn, t.period, t.doubly_stochastic)
+    return Topology(n, f"random_irregular_s{seed}", _Fixed(P))
 
 
 def from_matrix(
@@ -277,47 +355,48 @@ def from_matrix(
     name: str = "custom",
     doubly_stochastic: bool | None = None,
 ) -> Topology:
-    """A user-given topology: a fixed matrix, or a callable ``k -> P^k`` with the given period.
+    """A user-given topology: a fixed (n, n) matrix, or a callable ``k -> P^k`` with the given period.
 
-    Every matrix is validated (non-negative, positive diagonal, columns summing to 1)
-    and the union of the graphs over one period must be strongly connected.
+    ``P[receiver, sender]``; every matrix is validated (non-negative, positive diagonal,
+    columns summing to 1 within 1e-12) and the union of the graphs over one period must be
+    strongly connected.  ``doubly_stochastic=None`` detects it from the row sums; ``True``
+    makes every matrix's rows be checked too.  A 1x1 matrix ``[[1]]`` is a single node.
+    The callable is evaluated at ``k = 0..period-1`` only; it should be picklable for
+    process backends.
     """
     period = check_int("period", period, minimum=1)
-    fn: Callable[[int], np.ndarray]
     if callable(P):
         fn = P
     else:
-        M = validate_mixing_matrix(P)
-        fn = lambda k: M  # noqa: E731
-    first = validate_mixing_matrix(fn(0))
+        fn = _Fixed(validate_mixing_matrix(P).copy())
+    mats = [validate_mixing_matrix(fn(k), name=f"P^{k}") for k in range(period)]
     if doubly_stochastic is None:
-        doubly_stochastic = all(np.allclose(validate_mixing_matrix(fn(k)).sum(1), 1, atol=_TOL) for k in range(period))
-    topo = Topology(first.shape[0], name, fn, period, bool(doubly_stochastic))
+        doubly_stochastic = all(np.allclose(M.sum(1), 1, rtol=0, atol=_TOL) for M in mats)
+    topo = Topology(mats[0].shape[0], name, fn, period, bool(doubly_stochastic))
     check_strongly_connected(topo)
     return topo
 
 
 def with_sync(base: Topology, sync_period: int) -> Topology:
-    """DPPS's periodic all-to-all average: ``base`` except the complete graph (1/n) when
-    ``(k + 1) % sync_period == 0`` (COMMON.md F3).  ``sync_period = 0`` returns ``base``."""
+    """DPPS's periodic all-to-all average (dpps-partpsp.md 3.6; COMMON.md 3).
+
+    ``base`` except the complete graph (1/n) at every ``k`` with ``(k + 1) % sync_period == 0``
+    (``sync_period = 5``: k = 4, 9, 14, ...).  Period ``lcm(base.period, sync_period)``.
+    ``sync_period = 0`` returns ``base`` unchanged.
+    """
     sync_period = check_int("sync_period", sync_period, minimum=0)
     if sync_period == 0:
         return base
-    n = base.n
-    full = np.full((n, n), 1.0 / n)
-    period = int(np.lcm(base.period, sync_period))
+    period = math.lcm(base.period, sync_period)
     return Topology(
-        n,
-        f"{base.name}+sync{sync_period}",
-        lambda k: full if (k + 1) % sync_period == 0 else base.matrix_fn(k % base.period),
-        period=period,
-        doubly_stochastic=base.doubly_stochastic,
+        base.n, f"{base.name}+sync{sync_period}", _Sync(base, sync_period), period, base.doubly_stochastic
     )
 
 
 def check_strongly_connected(topology: Topology, window: int | None = None) -> None:
     """Raise ``ValueError`` unless the union of ``P^k`` over ``window`` consecutive k (default: one
-    period) is strongly connected for every start k in one period (B-strong connectivity)."""
+    period) is strongly connected for every start k in one period (B-strong connectivity,
+    ``B_conn = window``)."""
     window = topology.period if window is None else check_int("window", window, minimum=1)
     if topology.n == 1:
         return
@@ -326,15 +405,15 @@ def check_strongly_connected(topology: Topology, window: int | None = None) -> N
         if not _reachable_all(union):
             raise ValueError(
                 f"topology {topology.name!r} is not strongly connected over a window of {window} iterations "
-                f"starting at k={start}; every node must be able to reach every other within the window "
-                "(add edges, or pass a larger window)"
+                f"starting at k={start}, got a node that cannot reach every other; add edges, "
+                "or pass a larger window / period"
             )
 
 
 TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "exp_one_peer": exp_one_peer,
-    # DPPS/PartPSP "EXP" (specs/dpps-partpsp.md 6.4: self + one peer, 1/2 each) is the same graph.
-    "exp": exp_one_peer,
+    "exp": exp_one_peer,  # alias (DESIGN / INTERFACES)
+    "exp_two_peer": exp_two_peer,  # DPPS "EXP": self + one peer, 1/2 each (same matrices)
     "exp_all_hops": exp_all_hops,
     "d_out": d_out,
     "directed_ring": directed_ring,
@@ -348,12 +427,13 @@ def make_topology(name: str, n: int, *, sync_period: int = 0, **kwargs) -> Topol
     """Build a registered topology by name, e.g. ``make_topology("d_out", 10, deg=4)``.
 
     ``sync_period > 0`` adds DPPS's periodic complete-graph rounds (:func:`with_sync`).
+    The result is checked to be strongly connected over one period.
     """
-    if name not in TOPOLOGIES:
-        raise ValueError(f"unknown topology {name!r}; valid choices are {sorted(TOPOLOGIES)}")
+    check_choice("topology", name, TOPOLOGIES)
     try:
         topo = TOPOLOGIES[name](n, **kwargs)
     except TypeError as exc:
-        raise ValueError(f"bad arguments {kwargs} for topology {name!r}: {exc}") from exc
+        raise ValueError(f"bad arguments {kwargs} for topology {name!r}, got TypeError: {exc}") from exc
+    topo = with_sync(topo, sync_period)
     check_strongly_connected(topo)
-    return with_sync(topo, sync_period)
+    return topo

@@ -47,7 +47,7 @@ def test_missing_dataset_error_says_how_to_get_it(tmp_path, monkeypatch):
     import flower_dp.data as D
 
     monkeypatch.setattr(D, "FASHION_MNIST_DIR", tmp_path / "none")
-    monkeypatch.setattr(D, "_torchvision", lambda *a: None)
+    monkeypatch.setattr(D, "_torchvision", lambda *a: (None, "URLError: no network"))
     D._load_mnist_like.cache_clear()
     D.load_dataset.cache_clear()
     with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist.*synthetic_fashion_mnist"):
@@ -84,3 +84,111 @@ def test_partition_errors():
         partition(np.zeros(5), 6)
     with pytest.raises(ValueError, match="alpha must be > 0"):
         partition(np.zeros(50), 2, scheme="dirichlet", alpha=0)
+
+
+@needs_fmnist
+def test_fashion_mnist_cached_and_typed():
+    """Loaded once per process (many nodes share it); float32 images, int64 labels, real data."""
+    a = load_dataset("fashion_mnist", train=False)
+    assert load_dataset("fashion_mnist", train=False) is a
+    assert a.x.dtype.is_floating_point and str(a.x.dtype) == "torch.float32" and str(a.y.dtype) == "torch.int64"
+    assert a.num_classes == 10 and a.name == "fashion_mnist" and len(a) == 10000
+
+
+@pytest.mark.parametrize("name, shape", [("synthetic_mnist", (1, 28, 28)), ("synthetic_fashion_mnist", (1, 28, 28)),
+                                         ("synthetic_cifar10", (3, 32, 32))])
+def test_synthetic_shapes_and_learnable(name, shape):
+    """Same shapes as the real data; a nearest-class-mean rule fitted on test samples classifies
+    held-out samples well (the stand-in is learnable, and train/test share the class templates)."""
+    test = load_dataset(name, train=False)
+    assert test.synthetic and test.x.shape == (10000, *shape) and int(test.y.min()) == 0 and int(test.y.max()) == 9
+    x = test.x.flatten(1).numpy()[:4000]
+    y = test.y.numpy()[:4000]
+    means = np.stack([x[:2000][y[:2000] == c].mean(0) for c in range(10)])
+    pred = ((x[2000:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (pred == y[2000:]).mean() > 0.9
+
+
+def test_synthetic_deterministic_across_processes():
+    """The stand-in does not depend on PYTHONHASHSEED (no hash()): a fresh process agrees with this one."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hashlib; from flower_dp.data import load_dataset; d = load_dataset('synthetic_mnist', train=False);"
+            "print(hashlib.sha256(d.x[:50].numpy().tobytes() + d.y.numpy().tobytes()).hexdigest())")
+    here = load_dataset("synthetic_mnist", train=False)
+    want = hashlib.sha256(here.x[:50].numpy().tobytes() + here.y.numpy().tobytes()).hexdigest()
+    for hs in ("12345",):
+        env = dict(os.environ, PYTHONHASHSEED=hs)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want
+
+
+def test_shuffle_split_covers_when_divisible_and_drops_remainder():
+    """privsgp-vr.md 8.15: equal J = floor(N / n); covering when n divides N."""
+    from flower_dp.data import partition_sizes
+
+    parts = partition(np.zeros(1000), 8, seed=1)
+    assert partition_sizes(parts) == [125] * 8
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
+    parts = partition(np.zeros(1000), 7, seed=1)
+    assert partition_sizes(parts) == [142] * 7 and len(np.unique(np.concatenate(parts))) == 994
+    # the papers' 20-node Fashion-MNIST split: J = 3000 (dyn-d2p.md 6)
+    assert partition_sizes(partition(np.zeros(60000), 20)) == [3000] * 20
+
+
+def test_dirichlet_covers_and_every_node_gets_data_even_when_extreme():
+    labels = np.repeat(np.arange(3), 10)
+    parts = partition(labels, 25, scheme="dirichlet", alpha=0.01, seed=0)
+    assert all(len(p) >= 1 for p in parts)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(30))
+
+
+def test_stratified_client_indices():
+    """gau-lrq.md 8.2: per_class samples of each class, without replacement, deterministic in (seed, id)."""
+    from flower_dp.data import stratified_client_indices
+
+    labels = np.repeat(np.arange(10), 100)
+    a = stratified_client_indices(labels, 3, per_class=50, seed=7)
+    assert len(a) == 500 and len(np.unique(a)) == 500
+    assert np.bincount(labels[a], minlength=10).tolist() == [50] * 10
+    assert np.array_equal(a, stratified_client_indices(labels, 3, per_class=50, seed=7))
+    assert not np.array_equal(a, stratified_client_indices(labels, 4, per_class=50, seed=7))
+    with pytest.raises(ValueError, match="per_class must be <= the 100 samples of class 0, got 101"):
+        stratified_client_indices(labels, 0, per_class=101)
+
+
+def test_corrupt_idx_and_bad_labels_errors(tmp_path):
+    import flower_dp.data as D
+
+    bad = tmp_path / "x-idx3-ubyte"
+    bad.write_bytes((0x00000803).to_bytes(4, "big") + b"".join(d.to_bytes(4, "big") for d in (3, 28, 28)) + b"\0" * 9)
+    with pytest.raises(ValueError, match="truncated or corrupt.*got 25 bytes"):
+        D._read_idx(bad)
+    bad.write_bytes(b"\x12\x34\x56\x78")
+    with pytest.raises(ValueError, match="not an unsigned-byte IDX file, got magic number 0x12345678"):
+        D._read_idx(bad)
+    with pytest.raises(ValueError, match="labels must be a 1-D array.*got shape \\(2, 5\\)"):
+        partition(np.zeros((2, 5)), 2)
+    with pytest.raises(ValueError, match="unknown partition scheme 'pathological'"):
+        partition(np.zeros(10), 2, scheme="pathological")
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        partition(np.zeros(10), 2, seed=-1)
+
+
+def test_mnist_and_cifar_without_network_say_how_to_get_them(tmp_path, monkeypatch):
+    """No silent synthetic fallback: the error names the torchvision failure, root, and the stand-in."""
+    import flower_dp.data as D
+
+    monkeypatch.setattr(D, "_torchvision", lambda *a: (None, "URLError: no network"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    D._load_mnist_like.cache_clear()
+    D.load_dataset.cache_clear()
+    with pytest.raises(FileNotFoundError, match="'mnist' not found.*got URLError: no network.*'synthetic_mnist'"):
+        D.load_dataset("mnist", root=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="'cifar10' needs torchvision.*got URLError.*'synthetic_cifar10'"):
+        D.load_dataset("cifar10", root=str(tmp_path))
+    D._load_mnist_like.cache_clear()
+    D.load_dataset.cache_clear()
