@@ -7,6 +7,7 @@ lazily, only by the Ray backend.
 
 from .inprocess import check_routing, route_shares, run_iteration, run_iterations
 from .messages import REDUCE_OPS, Contribution, IterationLog, Node, Share, reduce_contributions
+from .ray_backend import RayGossipBackend, SegmentResult, ensure_ray, host_actor_name, host_of, register_node
 
 __all__ = [
     "Share",
@@ -19,4 +20,10 @@ __all__ = [
     "run_iterations",
     "route_shares",
     "check_routing",
+    "RayGossipBackend",
+    "SegmentResult",
+    "ensure_ray",
+    "register_node",
+    "host_of",
+    "host_actor_name",
 ]

@@ -1,0 +1,313 @@
+"""The push-sum ClientApp, and a small demo node (noisy push-sum SGD on a quadratic).
+
+One SuperNode = one push-sum node; ``context.node_config["partition-id"]`` is its node id.
+The ClientApp is driven by :class:`flower_dp.strategies.push_sum.PushSumStrategy`
+(message keys in :mod:`flower_dp.gossip.relay`):
+
+* transport ``"ray"``: on a ``"register"`` message the ClientApp builds its node factory
+  from its own partition and sends it to its host actor (found by name and namespace),
+  then replies at once.  It never waits for other nodes, so however few ClientApps
+  Flower runs at once (6 here), nothing can deadlock.  The gossip itself runs between the
+  host actors (:mod:`flower_dp.gossip.ray_backend`).
+* transport ``"relay"``: the node lives in the ClientApp; its state travels in
+  ``context.state`` between rounds; each message carries the node's inbox and the reduced
+  values, and the reply carries its outgoing shares (the server routes them).
+
+Nodes come from a *node builder* ``builder(node_id, spec, context) -> factory`` where
+``factory(node_id, device) -> Node`` is picklable.  :func:`toy_builder` builds the demo
+node below; :func:`registry_builder` builds the algorithm nodes of
+:mod:`flower_dp.clients.registry` from the plan the server sends.
+"""
+
+from __future__ import annotations
+
+import functools
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from flower_dp.gossip import Contribution, Share
+from flower_dp.gossip import relay as keys
+from flower_dp.rng import numpy_rng
+
+__all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
+           "registry_builder", "spec_from_config", "make_client_app", "BUILDERS"]
+
+
+
+def _gen(seed: int, node: int, purpose: str, k: int) -> torch.Generator:
+    """torch generator for the stream (seed, node, purpose, k), seeded through ``numpy_rng``."""
+    g = torch.Generator()
+    g.manual_seed(int(numpy_rng(seed, node, purpose, k).integers(2**63 - 1)))
+    return g
+
+
+NodeBuilder = Callable[[int, dict, Any], Callable[[int, str], Any]]
+
+
+class ToyQuadraticNode:
+    """Push-sum SGD on ``f_i(z) = ||z - t_i||^2 / 2`` with seeded Gaussian gradient noise.
+
+    A demo/test node with the full node interface (contribute -> reduce -> local_step -> mix).
+
+    Parameters
+    ----------
+    node_id : int
+    topology : flower_dp.topology.Topology
+        Gives the send weights ``P^k[r, i]``.
+    dim : int
+        Model size d.
+    lr : float
+        Step size gamma.
+    noise_std : float
+        Noise std per coordinate is ``noise_std * (1 + G_k)``, with ``G_k`` the network max of
+        the gradient norms (the reduce step; ``use_reduce=False`` skips it and uses ``noise_std``).
+    seed : int
+        Targets ``t_i`` and ``x_i^0`` come from streams (seed, i, "init", 0/1); noise from (seed, i, "noise", k).
+    stall_at, stall_s : int, float
+        Sleep ``stall_s`` seconds in ``local_step`` at iteration ``stall_at`` (to test timeouts).
+    device : str
+    """
+
+    def __init__(self, node_id: int, topology: Any, *, dim: int = 16, lr: float = 0.2, noise_std: float = 0.05,
+                 seed: int = 0, use_reduce: bool = True, stall_at: int = -1, stall_s: float = 0.0, device: str = "cpu"):
+        self.node_id, self.topology, self.dim, self.lr = int(node_id), topology, int(dim), float(lr)
+        self.noise_std, self.seed, self.use_reduce = float(noise_std), int(seed), bool(use_reduce)
+        self.stall_at, self.stall_s, self.device = int(stall_at), float(stall_s), device
+        self.target = torch.randn(self.dim, generator=_gen(seed, node_id, "init", 0)).to(device)
+        self.x = torch.randn(self.dim, generator=_gen(seed, node_id, "init", 1)).to(device)
+        self.w = 1.0
+        self._metrics: dict[str, float] = {}
+
+    def setup(self) -> None:
+        pass
+
+    def z(self) -> torch.Tensor:
+        return self.x / self.w
+
+    def contribute(self, k: int) -> dict[str, Contribution] | None:
+        if not self.use_reduce:
+            return None
+        return {"G": Contribution(float(torch.linalg.vector_norm(self.z() - self.target)), "max")}
+
+    def local_step(self, k: int, reduced: dict[str, Any] | None = None) -> list[Share]:
+        if k == self.stall_at:
+            time.sleep(self.stall_s)
+        g = self.z() - self.target
+        std = self.noise_std * (1.0 + float(reduced["G"])) if reduced else self.noise_std
+        noise = torch.randn(self.dim, generator=_gen(self.seed, self.node_id, "noise", k)).to(self.device)
+        self._metrics = {"loss": 0.5 * float(g.square().sum()), "noise_std": std}
+        x_half = self.x - self.lr * (g + std * noise)
+        return [
+            Share(self.node_id, r, k, {"x": x_half * p}, weight=self.w * p, wire_bits=0 if r == self.node_id else 32 * (self.dim + 1))
+            for r, p in sorted(self.topology.send_weights(self.node_id, k).items())
+        ]
+
+    def mix(self, inbox: list[Share]) -> None:
+        x = torch.zeros_like(self.x)
+        w = 0.0
+        for s in inbox:
+            x = x + s.tensors["x"]
+            w = w + s.weight
+        self.x, self.w = x, w
+
+    def last_metrics(self) -> dict[str, float]:
+        return dict(self._metrics)
+
+    def eval_params(self) -> torch.Tensor:
+        return self.z()
+
+    def privacy_report(self) -> dict[str, Any]:
+        return {"eps_rigorous": float("inf"), "eps_paper": float("inf"), "note": "toy node adds unaccounted noise"}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"x": self.x.detach().cpu().clone(), "w": self.w}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.x, self.w = state["x"].to(self.device).clone(), float(state["w"])
+
+
+def build_toy_node(node_id: int, device: str = "cpu", *, topology: Any = None, topology_name: str = "random_irregular",
+                   n_nodes: int | None = None, topology_kwargs: dict | None = None, **kw: Any) -> ToyQuadraticNode:
+    """``factory(node_id, device)`` for :class:`ToyQuadraticNode` (bind the rest with ``functools.partial``)."""
+    if topology is None:
+        from flower_dp.topology import make_topology
+
+        if n_nodes is None:
+            raise ValueError("build_toy_node needs topology= or n_nodes=; got neither")
+        topology = make_topology(topology_name, int(n_nodes), **(topology_kwargs or {}))
+    return ToyQuadraticNode(node_id, topology, device=device, **kw)
+
+
+def toy_builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], ToyQuadraticNode]:
+    """Node builder for :class:`ToyQuadraticNode`; ``spec = {"n_nodes", "topology", "topology_kwargs", "node_kwargs"}``."""
+    return functools.partial(build_toy_node, n_nodes=int(spec["n_nodes"]), topology_name=spec.get("topology", "random_irregular"),
+                             topology_kwargs=dict(spec.get("topology_kwargs", {})), **dict(spec.get("node_kwargs", {})))
+
+
+_DATA_CACHE: dict[tuple, Any] = {}
+
+
+def _load_cached(name: str, root: Any, train: bool) -> Any:
+    from flower_dp.data import load_dataset
+
+    key = (name, root, train)
+    if key not in _DATA_CACHE:
+        _DATA_CACHE[key] = load_dataset(name, train=train, root=root)
+    return _DATA_CACHE[key]
+
+
+def _partitions(config: dict) -> tuple[Any, list]:
+    import numpy as np
+
+    from flower_dp.data import partition
+
+    seed, n, data = int(config["run"]["seed"]), int(config["topology"]["n_nodes"]), config["data"]
+    train = _load_cached(data["dataset"], data["root"], True)
+    parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
+    if data["samples_per_node"]:
+        parts = [p[: int(data["samples_per_node"])] for p in parts]
+    return train, parts
+
+
+def _new_model(config: dict, num_classes: int) -> Any:
+    from flower_dp.models import build_model
+
+    model_kw = {k: v for k, v in config["model"].items() if k != "name"}
+    return build_model(config["model"]["name"], num_classes=num_classes, seed=int(config["run"]["seed"]), **model_kw)
+
+
+def spec_from_config(config: Any) -> dict[str, Any]:
+    """Server side: the node spec (config + calibrated plan) of an experiment config, as the in-process runner plans it.
+
+    ``spec["plan"].num_iters`` is K after the budget's pre-flight truncation.
+    """
+    from flower_dp.clients.registry import prepare
+
+    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    train, parts = _partitions(cfg)
+    dim = sum(p.numel() for p in _new_model(cfg, train.num_classes).parameters())
+    plan = prepare(cfg["algorithm"]["name"], dict(cfg["algorithm"]["params"]), n_nodes=int(cfg["topology"]["n_nodes"]),
+                   samples_per_node=[len(p) for p in parts], num_iters=int(cfg["run"]["num_iters"]), dim=dim,
+                   seed=int(cfg["run"]["seed"]))
+    return {"builder": "registry", "algorithm": cfg["algorithm"]["name"], "config": cfg, "plan": plan}
+
+
+def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan: Any) -> Any:
+    """Build node ``node_id`` of an experiment config exactly as the in-process runner does.
+
+    Runs where the node will live (host actor or ClientApp): loads the dataset (cached per
+    process), takes this node's partition (same seed and scheme as
+    :func:`flower_dp.experiments.build_experiment`), builds the model, calls ``make_node``.
+    """
+    from flower_dp.clients.registry import make_node, topology_for
+    from flower_dp.experiments.runner import _loss_fn
+    from flower_dp.topology import make_topology
+
+    train, parts = _partitions(config)
+    idx = torch.as_tensor(parts[node_id], dtype=torch.long)
+    topo_kw = {k: v for k, v in config["topology"].items() if k not in ("name", "n_nodes")}
+    base = make_topology(config["topology"]["name"], int(config["topology"]["n_nodes"]), **topo_kw)
+    topology = topology_for(plan, base)  # DPPS family adds its sync rounds, as the in-process runner does
+    return make_node(plan, node_id=node_id, topology=topology, model=_new_model(config, train.num_classes),
+                     loss_fn=_loss_fn, data_x=train.x[idx], data_y=train.y[idx], device=device)
+
+
+def build_plan_node(node_id: int, device: str = "cpu", *, plan: Any, topology: Any, model_fn: Callable[[], Any],
+                    data: Any, loss_fn: Callable | None = None) -> Any:
+    """``factory(node_id, device)`` for a registry plan with in-memory data ``data[node_id] = (x, y)``.
+
+    ``model_fn`` and ``loss_fn`` must be picklable (e.g. ``functools.partial(build_model, ...)``);
+    the loss defaults to cross-entropy, as in the in-process runner.
+    """
+    from flower_dp.clients.registry import make_node
+    from flower_dp.experiments.runner import _loss_fn
+
+    x, y = data[node_id]
+    return make_node(plan, node_id=node_id, topology=topology, model=model_fn(), loss_fn=loss_fn or _loss_fn,
+                     data_x=x, data_y=y, device=device)
+
+
+def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
+    """Node builder for the registry algorithms; ``spec = {"config": cfg.to_dict(), "plan": plan}``.
+
+    The returned factory is small (data is loaded where the node is built, from its partition id).
+    """
+    return functools.partial(build_registry_node, config=spec["config"], plan=spec["plan"])
+
+
+BUILDERS: dict[str, NodeBuilder] = {"toy": toy_builder, "registry": registry_builder}
+
+_RELAY_CACHE: dict[tuple[int, int], tuple[int, Any]] = {}  # (run id, node id) -> (version, node)
+
+
+def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | None) -> tuple[Any, int]:
+    """This node, restored from ``context.state`` (or the process cache when it is current)."""
+    rec = context.state["pushsum"]
+    version = int(rec["version"])
+    hit = _RELAY_CACHE.get((run_id, node_id))
+    if hit is not None and hit[0] == version:
+        return hit[1], version
+    spec = keys.decode(rec["spec"])
+    node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, "cpu")
+    node.load_state_dict(keys.decode(rec["state"]))
+    return node, version
+
+
+def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version: int) -> None:
+    from flwr.app import ConfigRecord
+
+    rec = context.state["pushsum"] if "pushsum" in context.state else ConfigRecord()
+    rec["state"] = keys.encode(node.state_dict())
+    rec["version"] = version + 1
+    context.state["pushsum"] = rec
+    _RELAY_CACHE[(run_id, node_id)] = (version + 1, node)
+
+
+def make_client_app(builder: NodeBuilder | None = None):
+    """The push-sum ``ClientApp`` (Message API, ``@app.train``).
+
+    Parameters
+    ----------
+    builder : callable (node_id, spec, context) -> factory, optional
+        Default: ``BUILDERS[spec["builder"]]`` (``"toy"`` or ``"registry"``).
+    """
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    K = keys.MESSAGE_KEYS
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Any) -> Message:
+        cfg = msg.content["pushsum"]
+        action, transport = str(cfg[K["action"]]), str(cfg[K["transport"]])
+        node_id = int(context.node_config["partition-id"])
+        run_id = int(msg.metadata.run_id)
+        reply = ConfigRecord({"partition_id": node_id})
+        if action == "register":
+            spec = keys.decode(cfg[K["spec"]])
+            b = builder or BUILDERS[spec.get("builder", "toy")]
+            if transport == "ray":
+                from flower_dp.gossip.ray_backend import register_node
+
+                r = spec["_ray"]
+                reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"],
+                                                b(node_id, spec, context))
+            elif "pushsum" not in context.state:
+                node = b(node_id, spec, context)(node_id, "cpu")
+                node.setup()
+                context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0})
+                _save_relay_node(context, run_id, node_id, node, 0)
+                reply["device"] = "cpu"
+        else:
+            node, version = _relay_node(context, run_id, node_id, builder)
+            out = keys.handle_relay_request(node, action, int(cfg[K["k"]]), keys.decode(cfg[K["payload"]]))
+            _save_relay_node(context, run_id, node_id, node, version)
+            reply[K["payload"]] = keys.encode(out)
+        return Message(RecordDict({"pushsum": reply}), reply_to=msg)
+
+    return app

@@ -1,0 +1,355 @@
+"""The Ray backend: a few long-lived *host actors*, each holding several push-sum nodes.
+
+DESIGN.md "One algorithm, many backends" (measured here): one Ray process per node
+oversubscribes the cores; a few host actors (one per core or per GPU) that step their
+nodes and exchange shares *directly with each other* are the fast way.  Per iteration
+``k`` every host
+
+1. calls ``contribute(k)`` on its nodes and sends them to every other host
+   (all-gather; each host then runs :func:`reduce_contributions` over all nodes, so every
+   host computes the same ``reduced`` in node-id order, no reducer actor needed);
+2. calls ``local_step(k, reduced)`` on its nodes, keeps the shares addressed to its own
+   nodes and sends the others, grouped per destination host, to those hosts (an actor
+   call; Ray moves payloads over 100 KiB through the object store, never via the driver);
+3. waits for the shares of ``k`` from every other host, builds each node's inbox sorted by
+   sender and calls ``mix``.
+
+The result is bit-identical to :func:`flower_dp.gossip.run_iteration` on CPU (same calls
+per node, same inbox order, RNG keyed by (node, purpose, k)).  Node state stays on its
+host between segments; only metrics and bit counts come back unless states are asked for.
+
+Every wait has a timeout that raises :class:`flower_dp.errors.GossipTimeoutError`
+naming the missing senders, ``k`` and the likely cause.  Ray is imported lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._checks import check_int, check_nonnegative, check_positive
+from ..errors import GossipTimeoutError
+from .ray_host import NodeFactory, remote_host_class
+
+__all__ = ["RayGossipBackend", "SegmentResult", "host_of", "host_actor_name", "register_node", "ensure_ray"]
+
+
+def host_of(node_id: int, n_nodes: int, num_hosts: int) -> int:
+    """Host index of ``node_id``: contiguous blocks, sizes differing by at most one."""
+    return int(node_id) * int(num_hosts) // int(n_nodes)
+
+
+def host_actor_name(prefix: str, host: int) -> str:
+    """Ray actor name of host ``host`` (looked up by ClientApps with :func:`register_node`)."""
+    return f"{prefix}-host-{int(host)}"
+
+
+def ensure_ray(address: str | None = None, *, wait_s: float = 0.0, num_cpus: int | None = None) -> None:
+    """Make sure Ray is up in this process.
+
+    Parameters
+    ----------
+    address : str, optional
+        ``"auto"`` or ``"ray://..."``/``"host:port"`` of an existing cluster; ``None`` uses
+        ``RAY_ADDRESS`` when set, else starts a local instance bound to 127.0.0.1.
+    wait_s : float
+        First wait this long for someone else (Flower's simulation engine, which starts Ray
+        2-4 s after ``ServerApp.main`` starts) to initialise Ray in this process.
+    num_cpus : int, optional
+        CPUs of a newly started local instance.
+    """
+    import ray
+
+    deadline = time.monotonic() + float(wait_s)
+    while not ray.is_initialized() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if ray.is_initialized():
+        return
+    addr = address or os.environ.get("RAY_ADDRESS")
+    # Ray workers inherit environment variables, not this process's sys.path (Flower does the same)
+    pythonpath = os.pathsep.join([p for p in sys.path if p] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    os.environ["PYTHONPATH"] = pythonpath
+    kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                          "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
+    if not addr:
+        kw.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
+    try:
+        ray.init(address=addr, **kw)
+    except RuntimeError:
+        if not ray.is_initialized():  # lost a race with another thread (Flower) that initialised Ray
+            raise
+
+
+@dataclass
+class SegmentResult:
+    """What a segment ``k0 .. k1 - 1`` returns to the driver.
+
+    Attributes
+    ----------
+    k0, k1 : int
+        The iterations run.
+    bits_sent : ndarray (n,) int64
+        Wire bits each node sent during the segment (self-shares cost 0).
+    metrics : dict[int, list[dict[str, float]]]
+        Per node, one ``last_metrics()`` dict per iteration (empty dicts if the node has none).
+    reduced : list[dict | None]
+        The reduced contributions of each iteration (identical on every host).
+    wall_time_s : float
+        Driver-side wall time of the segment.
+    """
+
+    k0: int
+    k1: int
+    bits_sent: np.ndarray
+    metrics: dict[int, list[dict[str, float]]] = field(default_factory=dict)
+    reduced: list[Any] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+    def metric_means(self) -> dict[str, float]:
+        """Mean of each metric over all nodes and iterations (NaN ignored), as the in-process runner reports."""
+        vals: dict[str, list[float]] = {}
+        for i in sorted(self.metrics):
+            for row in self.metrics[i]:
+                for key, v in row.items():
+                    vals.setdefault(key, []).append(float(v))
+        return {k: float(np.nanmean(v)) if v else float("nan") for k, v in vals.items()}
+
+
+def register_node(prefix: str, namespace: str, node_id: int, n_nodes: int, num_hosts: int, factory: NodeFactory,
+                  *, timeout_s: float = 60.0) -> str:
+    """From a ClientApp (or anywhere in the Ray job): build ``node_id`` on its named host actor.
+
+    Returns the device the node runs on.  Does not wait for other nodes (no deadlock however
+    few ClientApps run at once).
+    """
+    import ray
+
+    name = host_actor_name(prefix, host_of(node_id, n_nodes, num_hosts))
+    actor = ray.get_actor(name, namespace=namespace)
+    return ray.get(actor.add_node.remote(int(node_id), factory), timeout=timeout_s)
+
+
+class RayGossipBackend:
+    """Run push-sum nodes on a few host actors that exchange shares peer to peer.
+
+    Parameters
+    ----------
+    n_nodes : int
+        Number of nodes; node ``i`` lives on host ``host_of(i, n_nodes, num_hosts)``.
+    node_factory : callable (node_id, device) -> Node, optional
+        Builds a node on its host (picklable).  Without it, nodes are registered later
+        (:meth:`register`, or :func:`register_node` from ClientApps).
+    nodes_per_host, num_hosts : int, optional
+        Give one.  Default: one host per CPU core Ray reports, at most ``n_nodes``.
+    num_gpus_per_host : float
+        GPU fraction each host asks Ray for (e.g. 0.25: four hosts share a GPU); node tensors
+        are moved to it.  With none available the host logs a line and uses the CPU.
+    num_cpus_per_host : float
+        CPUs each host reserves (default 0, so hosts always fit beside Flower's ClientApp pool).
+    threads_per_host : int
+        ``torch.set_num_threads`` inside each host.
+    address : str, optional
+        Existing cluster (``"auto"`` or an address; default ``RAY_ADDRESS``, else a local Ray on 127.0.0.1).
+    namespace, name : str
+        Host actors are named ``f"{name}-host-{h}"`` in ``namespace`` (found by ClientApps).
+    detached : bool
+        Make hosts outlive the driver (then call :meth:`shutdown`).
+    timeout_s : float
+        Longest wait for another host's contributions or shares at one iteration.
+    wait_for_ray_s : float
+        Wait this long for someone else (Flower) to start Ray in this process before starting it.
+    """
+
+    def __init__(
+        self,
+        n_nodes: int,
+        node_factory: NodeFactory | None = None,
+        *,
+        nodes_per_host: int | None = None,
+        num_hosts: int | None = None,
+        num_gpus_per_host: float = 0.0,
+        num_cpus_per_host: float = 0.0,
+        threads_per_host: int = 1,
+        address: str | None = None,
+        namespace: str = "flower_dp",
+        name: str | None = None,
+        detached: bool = False,
+        timeout_s: float = 60.0,
+        wait_for_ray_s: float = 0.0,
+    ) -> None:
+        self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
+        if nodes_per_host is not None and num_hosts is not None:
+            raise ValueError(f"give nodes_per_host or num_hosts, not both; got {nodes_per_host} and {num_hosts}")
+        self.num_gpus_per_host = check_nonnegative("num_gpus_per_host", num_gpus_per_host)
+        self.num_cpus_per_host = check_nonnegative("num_cpus_per_host", num_cpus_per_host)
+        self.timeout_s = check_positive("timeout_s", timeout_s)
+        self.namespace = namespace
+        self.name = name or f"flowerdp-{os.getpid()}-{id(self):x}"
+        self.detached = bool(detached)
+        self.threads_per_host = check_int("threads_per_host", threads_per_host, minimum=1)
+        ensure_ray(address, wait_s=wait_for_ray_s)
+        import ray
+
+        if num_hosts is None:
+            if nodes_per_host is not None:
+                per = check_int("nodes_per_host", nodes_per_host, minimum=1)
+                num_hosts = -(-self.n_nodes // per)
+            else:
+                num_hosts = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        self.num_hosts = min(check_int("num_hosts", num_hosts, minimum=1), self.n_nodes)
+        self.placement = {h: [] for h in range(self.num_hosts)}
+        for i in range(self.n_nodes):
+            self.placement[host_of(i, self.n_nodes, self.num_hosts)].append(i)
+        cls = remote_host_class(4 + 2 * self.num_hosts)
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus_per_host, "namespace": namespace}
+        if self.num_gpus_per_host > 0:
+            opts["num_gpus"] = self.num_gpus_per_host
+        if self.detached:
+            opts["lifetime"] = "detached"
+        self.hosts = [
+            cls.options(name=host_actor_name(self.name, h), **opts).remote(
+                h, self.placement, self.timeout_s, self.threads_per_host, self.num_gpus_per_host > 0
+            )
+            for h in range(self.num_hosts)
+        ]
+        handles = dict(enumerate(self.hosts))
+        ray.get([a.connect.remote(handles) for a in self.hosts], timeout=max(120.0, self.timeout_s))
+        self.devices = ray.get([a.get_device.remote() for a in self.hosts])
+        if node_factory is not None:
+            self.register_all(node_factory)
+
+    # -- nodes ---------------------------------------------------------------------------
+    def register(self, node_id: int, factory: NodeFactory, *, replace: bool = False) -> str:
+        """Build node ``node_id`` on its host; returns its device."""
+        import ray
+
+        h = host_of(check_int("node_id", node_id, minimum=0, maximum=self.n_nodes - 1), self.n_nodes, self.num_hosts)
+        return ray.get(self.hosts[h].add_node.remote(int(node_id), factory, replace), timeout=self.timeout_s)
+
+    def register_all(self, factory: NodeFactory) -> None:
+        """Build every node with ``factory`` (all hosts in parallel)."""
+        import ray
+
+        refs = [self.hosts[host_of(i, self.n_nodes, self.num_hosts)].add_node.remote(i, factory) for i in range(self.n_nodes)]
+        ray.get(refs, timeout=max(120.0, self.timeout_s))
+
+    def registered(self) -> list[int]:
+        """Ids of the nodes that exist on their hosts."""
+        import ray
+
+        return sorted(i for ids in ray.get([a.registered.remote() for a in self.hosts]) for i in ids)
+
+    def wait_registered(self, timeout_s: float | None = None) -> None:
+        """Wait until every node is registered; raise :class:`GossipTimeoutError` naming the missing ones."""
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else float(timeout_s))
+        while True:
+            have = self.registered()
+            if len(have) == self.n_nodes:
+                return
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(self.n_nodes)) - set(have))
+                raise GossipTimeoutError(
+                    f"nodes {missing} were not registered on their host actors after {timeout_s or self.timeout_s:.1f} s "
+                    f"(got {len(have)} of {self.n_nodes}); likely cause: their ClientApps did not run (fewer SuperNodes "
+                    "than n_nodes, or ClientApps failing); set num-supernodes = n_nodes and check the ClientApp logs"
+                )
+            time.sleep(0.05)
+
+    def call(self, method: str, node_ids: Sequence[int] | None = None, *args: Any) -> dict[int, Any]:
+        """Call ``node.method(*args)`` on the nodes (default all) where they live; results by node id (CPU)."""
+        import ray
+
+        out: dict[int, Any] = {}
+        for part in ray.get([a.call.remote(method, node_ids, tuple(args)) for a in self.hosts], timeout=max(120.0, self.timeout_s)):
+            out.update(part)
+        return dict(sorted(out.items()))
+
+    def setup(self) -> None:
+        """``setup()`` on every node (once, before ``k = 0``)."""
+        self.wait_registered()
+        self.call("setup")
+
+    def state_dicts(self) -> dict[int, Any]:
+        """Every node's ``state_dict()`` (moves the full state: use for checkpoints, not per iteration)."""
+        return self.call("state_dict")
+
+    def load_state_dicts(self, states: dict[int, Any]) -> None:
+        """Load ``{node_id: state}`` into the nodes where they live."""
+        import ray
+
+        per_host: dict[int, dict[int, Any]] = {}
+        for i, st in states.items():
+            per_host.setdefault(host_of(int(i), self.n_nodes, self.num_hosts), {})[int(i)] = st
+        ray.get([self.hosts[h].load_states.remote(p) for h, p in per_host.items()], timeout=max(120.0, self.timeout_s))
+
+    # -- gossip --------------------------------------------------------------------------
+    def run_segment(self, k0: int, k1: int) -> SegmentResult:
+        """Run iterations ``k0 .. k1 - 1`` on all hosts (shares go host to host)."""
+        import ray
+
+        check_int("k0", k0, minimum=0)
+        check_int("k1", k1, minimum=k0)
+        t0 = time.perf_counter()
+        refs = {a.run_segment.remote(int(k0), int(k1)): h for h, a in enumerate(self.hosts)}
+        results: dict[int, Any] = {}
+        errors: list[tuple[int, BaseException]] = []
+        pending = list(refs)
+        deadline = None
+        while pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not done:
+                stuck = sorted(refs[r] for r in pending)
+                errors.append((stuck[0], GossipTimeoutError(
+                    f"hosts {stuck} did not finish the segment k={k0}..{k1 - 1} within {self.timeout_s + 10:.0f} s of "
+                    "another host failing; one of their local steps is stuck")))
+                break
+            for r in done:
+                try:
+                    results[refs[r]] = ray.get(r)
+                except Exception as exc:  # noqa: BLE001 - re-raised below with the most useful first
+                    errors.append((refs[r], exc))
+                    if deadline is None:
+                        deadline = time.monotonic() + self.timeout_s + 10.0
+        if errors:
+            # a root cause (a node's own error, a dead actor) beats the timeouts it caused;
+            # a timeout naming the missing senders beats an "aborted" echo of it
+            def rank(e: tuple[int, BaseException]) -> int:
+                if not isinstance(e[1], GossipTimeoutError):
+                    return 0
+                return 2 if "aborted the segment" in str(e[1]) else 1
+
+            raise min(errors, key=rank)[1]
+        bits = np.zeros(self.n_nodes, dtype=np.int64)
+        metrics: dict[int, list[dict[str, float]]] = {}
+        for h in sorted(results):
+            for i, b in results[h]["bits"].items():
+                bits[int(i)] = b
+            metrics.update({int(i): m for i, m in results[h]["metrics"].items()})
+        return SegmentResult(int(k0), int(k1), bits, dict(sorted(metrics.items())), results[0]["reduced"],
+                             time.perf_counter() - t0)
+
+    def network_average(self, method: str = "eval_params") -> Any:
+        """Mean over nodes of ``node.eval_params()`` (float64 sum in node order, returned as float32)."""
+        import torch
+
+        flats = self.call(method)
+        stack = torch.stack([flats[i].detach().to("cpu", torch.float64) for i in range(self.n_nodes)])
+        return (stack.sum(0) / self.n_nodes).to(torch.float32)
+
+    def shutdown(self) -> None:
+        """Kill the host actors (their nodes are lost)."""
+        import ray
+
+        for a in self.hosts:
+            try:
+                ray.kill(a)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self.hosts = []

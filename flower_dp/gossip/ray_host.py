@@ -1,0 +1,214 @@
+"""The host actor of the Ray backend (:mod:`flower_dp.gossip.ray_backend`).
+
+A host holds several push-sum nodes, steps them, and exchanges contributions and shares
+directly with the other hosts (threaded actor: ``deliver`` runs while ``run_segment`` waits
+on its mailbox).  Every wait has a timeout that raises
+:class:`flower_dp.errors.GossipTimeoutError` naming the missing senders, ``k`` and the
+likely cause.  Ray is imported lazily.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import GossipTimeoutError
+from .inprocess import route_shares
+from .messages import Share, reduce_contributions
+
+__all__ = ["NodeFactory", "remote_host_class"]
+
+log = logging.getLogger(__name__)
+
+#: ``factory(node_id, device) -> Node``; must be picklable (cloudpickle: closures are fine).
+NodeFactory = Callable[[int, str], Any]
+
+
+def _to_device(obj: Any, device: str) -> Any:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: _to_device(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _share_to(s: Share, device: str) -> Share:
+    return Share(s.sender, s.receiver, s.k, _to_device(dict(s.tensors), device), s.weight, s.wire_bits)
+
+
+class _Host:
+    """Body of a host actor (wrapped with ``ray.remote`` lazily).  Threaded: ``deliver``
+    runs while ``run_segment`` waits."""
+
+    def __init__(self, host_id: int, placement: dict[int, list[int]], timeout_s: float, threads: int, want_gpu: bool):
+        import torch
+
+        torch.set_num_threads(max(1, int(threads)))
+        self.host_id = host_id
+        self.placement = {int(h): list(v) for h, v in placement.items()}
+        self.timeout_s = float(timeout_s)
+        self.nodes: dict[int, Any] = {}
+        self.peers: dict[int, Any] = {}
+        self.box: dict[tuple[str, int], dict[int, Any]] = {}
+        self.cv = threading.Condition()
+        # every call that touches nodes runs under this lock: model builders and torch's global
+        # RNG are not thread-safe, and only ``deliver`` may run beside ``run_segment``
+        self.node_lock = threading.RLock()
+        self.device = "cpu"
+        if want_gpu:
+            if torch.cuda.is_available():
+                self.device = "cuda"
+            else:
+                log.warning("host %d asked for a GPU share but CUDA is not available here; nodes run on CPU", host_id)
+
+    # -- wiring --------------------------------------------------------------------------
+    def connect(self, handles: dict[int, Any]) -> bool:
+        self.peers = {int(h): a for h, a in handles.items() if int(h) != self.host_id}
+        return True
+
+    def get_device(self) -> str:
+        return self.device
+
+    def add_node(self, node_id: int, factory: NodeFactory, replace: bool = False) -> str:
+        """Build node ``node_id`` here (no-op if it exists and not ``replace``); returns the device."""
+        with self.node_lock:
+            if node_id not in self.placement[self.host_id]:
+                raise ValueError(
+                    f"node {node_id} does not belong on host {self.host_id} (nodes {self.placement[self.host_id]}); "
+                    "compute its host with host_of(node_id, n_nodes, num_hosts)"
+                )
+            if replace or node_id not in self.nodes:
+                node = factory(int(node_id), self.device)
+                if getattr(node, "node_id", None) != node_id:
+                    raise ValueError(f"the factory built a node with node_id={getattr(node, 'node_id', None)!r}, got asked for {node_id}")
+                self.nodes[int(node_id)] = node
+            return self.device
+
+    def registered(self) -> list[int]:
+        return sorted(self.nodes)
+
+    def call(self, method: str, node_ids: Sequence[int] | None, args: tuple = ()) -> dict[int, Any]:
+        with self.node_lock:
+            ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
+            out = {}
+            for i in ids:
+                r = getattr(self.nodes[i], method)(*args)
+                out[i] = _to_device(r, "cpu") if self.device != "cpu" else r
+            return out
+
+    def load_states(self, states: dict[int, Any]) -> bool:
+        with self.node_lock:
+            for i, st in states.items():
+                self.nodes[int(i)].load_state_dict(_to_device(st, self.device))
+            return True
+
+    # -- messaging ----------------------------------------------------------------------
+    def deliver(self, kind: str, k: int, sender_host: int, payload: Any) -> bool:
+        with self.cv:
+            self.box.setdefault((kind, int(k)), {})[int(sender_host)] = payload
+            self.cv.notify_all()
+        return True
+
+    def _broadcast(self, kind: str, k: int, payloads: dict[int, Any]) -> None:
+        for h, actor in self.peers.items():
+            actor.deliver.remote(kind, k, self.host_id, payloads[h])
+
+    def _gather(self, kind: str, k: int) -> dict[int, Any]:
+        want = set(self.peers)
+        deadline = time.monotonic() + self.timeout_s
+        with self.cv:
+            while True:
+                aborted = self.box.get(("abort", -1))
+                if aborted:
+                    h, why = next(iter(aborted.items()))
+                    raise GossipTimeoutError(f"host {h} aborted the segment at k={k}: {why}")
+                got = self.box.get((kind, k), {})
+                if want <= set(got):
+                    return self.box.pop((kind, k))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing_hosts = sorted(want - set(got))
+                    missing = [i for h in missing_hosts for i in self.placement[h]]
+                    what = "contributions" if kind == "c" else "shares"
+                    raise GossipTimeoutError(
+                        f"host {self.host_id} (nodes {self.placement[self.host_id]}) waited {self.timeout_s:.1f} s at k={k} "
+                        f"for {what} from nodes {missing} (hosts {missing_hosts}) and got none; likely cause: those nodes "
+                        "were never registered (fewer ClientApps ran than nodes), their host actor died, or one of their "
+                        "local steps takes longer than the timeout; register every node before the segment, check the "
+                        "host's log, or raise timeout_s"
+                    )
+                self.cv.wait(min(left, 1.0))
+
+    def run_segment(self, k0: int, k1: int) -> dict[str, Any]:
+        with self.node_lock:
+            with self.cv:  # drop stale messages of an earlier, failed segment
+                for key in [key for key in self.box if key[0] == "abort" or key[1] < k0]:
+                    del self.box[key]
+            mine = sorted(self.nodes)
+            if mine != self.placement[self.host_id]:
+                missing = sorted(set(self.placement[self.host_id]) - set(mine))
+                raise GossipTimeoutError(
+                    f"host {self.host_id} cannot run k={k0}: nodes {missing} were never registered; "
+                    "every ClientApp must register its node before the segment starts"
+                )
+            where = {i: h for h, ids in self.placement.items() for i in ids}
+            bits = {i: 0 for i in mine}
+            metrics: dict[int, list[dict[str, float]]] = {i: [] for i in mine}
+            reduced_log = []
+            try:
+                for k in range(k0, k1):
+                    contribs = {i: self.nodes[i].contribute(k) for i in mine}
+                    if self.peers:
+                        cpu_c = _to_device(contribs, "cpu") if self.device != "cpu" else contribs
+                        self._broadcast("c", k, {h: cpu_c for h in self.peers})
+                        for part in self._gather("c", k).values():
+                            contribs.update(part)
+                    contribs = {i: _to_device(c, "cpu") if c else c for i, c in contribs.items()}
+                    reduced = reduce_contributions(contribs)
+                    reduced_log.append(reduced)
+                    local: dict[int, list[Share]] = {}
+                    remote: dict[int, list[Share]] = {h: [] for h in self.peers}
+                    for i in mine:
+                        for s in self.nodes[i].local_step(k, reduced):
+                            if s.sender != i or s.k != k:
+                                raise ValueError(f"node {i} produced a share labelled sender={s.sender}, k={s.k} at k={k}")
+                            if s.receiver != i:
+                                bits[i] += int(s.wire_bits)
+                            h = where.get(s.receiver)
+                            if h is None:
+                                raise ValueError(f"node {i} sent a share to unknown node {s.receiver} at k={k}")
+                            if h == self.host_id:
+                                local.setdefault(i, []).append(s)
+                            else:
+                                remote[h].append(_share_to(s, "cpu") if self.device != "cpu" else s)
+                    if self.peers:
+                        self._broadcast("s", k, remote)
+                        for _h, shares in sorted(self._gather("s", k).items()):
+                            for s in shares:
+                                local.setdefault(s.sender, []).append(_share_to(s, self.device) if self.device != "cpu" else s)
+                    inboxes = route_shares(local, mine)
+                    for i in mine:
+                        self.nodes[i].mix(inboxes[i])
+                        lm = getattr(self.nodes[i], "last_metrics", None)
+                        metrics[i].append({key: float(v) for key, v in (lm() if callable(lm) else {}).items()})
+            except BaseException as exc:
+                for actor in self.peers.values():
+                    actor.deliver.remote("abort", -1, self.host_id, f"{type(exc).__name__}: {exc}")
+                raise
+            return {"bits": bits, "metrics": metrics, "reduced": reduced_log}
+
+
+_REMOTE_CLS: dict[int, Any] = {}
+
+
+def remote_host_class(max_concurrency: int):
+    import ray
+
+    if max_concurrency not in _REMOTE_CLS:
+        _REMOTE_CLS[max_concurrency] = ray.remote(max_concurrency=max_concurrency)(_Host)
+    return _REMOTE_CLS[max_concurrency]

@@ -1,0 +1,265 @@
+"""The push-sum coordinator for Flower (Message API): one Flower round = one gossip segment.
+
+DESIGN.md "One algorithm, many backends", backends 2-4.  Flower's simulation runs at most
+6 ClientApps at once here, so no design may need all n ClientApps inside one round at the
+same time.  This strategy never does:
+
+* ``transport="ray"`` (default): each round sends one ``register`` message per SuperNode;
+  the ClientApp (:func:`flower_dp.clients.push_sum_app.make_client_app`) makes sure its node
+  exists on its host actor (built from its own partition the first time) and replies at
+  once.  The strategy then drives the host actors through the segment of ``iters_per_round``
+  iterations (shares go host to host, :class:`flower_dp.gossip.ray_backend.RayGossipBackend`).
+* ``transport="relay"``: for deployments where nodes cannot reach each other; the strategy
+  routes every share through Flower messages, one (or, with a reduce step, two) message
+  rounds per iteration.  Slow, but it works anywhere, with the same numbers.
+
+After each segment: the network-average model is evaluated (server-side ``evaluate_fn``),
+per-node metrics (loss, bits, clip fraction, sensitivity, eps) are aggregated, a checkpoint
+and ``results.json`` are written.  The privacy budget is a pre-flight truncation: pass
+``num_iters = plan.num_iters`` of a plan from :func:`flower_dp.clients.registry.prepare`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from flower_dp import results as rio
+from flower_dp._checks import check_choice, check_int, check_positive
+from flower_dp.errors import GossipTimeoutError, NonFiniteError
+from flower_dp.gossip import reduce_contributions, route_shares
+from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
+from flower_dp.gossip.relay import decode, encode
+
+__all__ = ["PushSumStrategy"]
+
+EvaluateFn = Callable[[int, torch.Tensor], dict[str, float] | None]
+
+
+class PushSumStrategy(Strategy):
+    """Coordinate a push-sum run over Flower SuperNodes.
+
+    Parameters
+    ----------
+    n_nodes : int
+        Number of push-sum nodes = SuperNodes (node id = ``node_config["partition-id"]``).
+    spec : dict
+        What each ClientApp's node builder needs (sent once per node, picklable; e.g. the
+        registry plan, the data and model names).
+    num_iters : int
+        Total gossip iterations K (after the budget's pre-flight truncation).
+    iters_per_round : int
+        Iterations per Flower round (one segment; e.g. one local epoch).
+    transport : {"ray", "relay"}
+    evaluate_fn : callable (round, network-average flat params (d,) float32) -> dict, optional
+    out_dir : path, optional
+        ``results.json`` and ``checkpoint.pt`` go here after every round.
+    timeout_s : float
+        Longest wait for ClientApp replies and for shares between hosts.
+    backend_kwargs : dict
+        Passed to :class:`RayGossipBackend` (``num_hosts``, ``nodes_per_host``, ``num_gpus_per_host``,
+        ``address``, ...).
+    """
+
+    def __init__(self, n_nodes: int, spec: dict[str, Any], *, num_iters: int, iters_per_round: int,
+                 transport: str = "ray", evaluate_fn: EvaluateFn | None = None, out_dir: str | Path | None = None,
+                 timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
+                 backend_kwargs: dict[str, Any] | None = None) -> None:
+        self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
+        self.spec = dict(spec)
+        self.num_iters = check_int("num_iters", num_iters, minimum=1)
+        self.iters_per_round = check_int("iters_per_round", iters_per_round, minimum=1)
+        self.transport = check_choice("transport", transport, ("ray", "relay"))
+        self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
+        self.out_path = rio.ensure_writable_dir(out_dir) if out_dir else None
+        self.checkpoint, self.run_name = bool(checkpoint), run_name
+        self.backend_kwargs = dict(backend_kwargs or {})
+        self.backend = None
+        self.node_of: dict[int, int] = {}  # Flower node id -> push-sum node id
+        self.history: list[dict[str, Any]] = []
+        self.bits = np.zeros(self.n_nodes, dtype=np.int64)
+        self.privacy: list[dict[str, Any]] = []
+        self.last_average: torch.Tensor | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- Strategy ABC (Message API) -----------------------------------------------------
+    def summary(self) -> None:
+        print(f"PushSumStrategy: n={self.n_nodes}, K={self.num_iters}, R={self.iters_per_round}, transport={self.transport}")
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        """One ``register`` message per SuperNode (cheap after round 1: the node already exists)."""
+        cfg = ConfigRecord({KEY["action"]: "register", KEY["transport"]: self.transport, "round": server_round,
+                            KEY["spec"]: encode(self.spec)})
+        return [Message(RecordDict({"pushsum": cfg}), dst_node_id=nid, message_type="train") for nid in grid.get_node_ids()]
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Map Flower node ids to push-sum ids; fail loudly on ClientApp errors."""
+        for msg in replies:
+            if msg.has_error():
+                raise RuntimeError(f"ClientApp on Flower node {msg.metadata.src_node_id} failed in round {server_round}: "
+                                   f"{msg.error.reason}")
+            self.node_of[msg.metadata.src_node_id] = int(msg.content["pushsum"]["partition_id"])
+        return None, None
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    # -- the run ------------------------------------------------------------------------
+    def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
+              timeout: float | None = None, train_config: ConfigRecord | None = None,
+              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
+        """Run ``ceil(num_iters / iters_per_round)`` rounds (or ``num_rounds``) and return Flower's ``Result``."""
+        t0 = time.perf_counter()
+        rounds = -(-self.num_iters // self.iters_per_round) if num_rounds is None else int(num_rounds)
+        result = Result()
+        status, error = "running", None
+        try:
+            for rnd in range(1, rounds + 1):
+                k0 = (rnd - 1) * self.iters_per_round
+                k1 = min(self.num_iters, k0 + self.iters_per_round)
+                if k0 >= k1:
+                    break
+                self._register(grid, rnd)
+                if self.transport == "ray":
+                    self._ray_segment(rnd, k0, k1)
+                else:
+                    self._relay_segment(grid, rnd, k0, k1)
+                row = self.history[-1]
+                result.train_metrics_clientapp[rnd] = MetricRecord({k: float(v) for k, v in row.items() if k != "eval"})
+                if row.get("eval"):
+                    result.evaluate_metrics_serverapp[rnd] = MetricRecord(dict(row["eval"]))
+                self._write("running", t0, error)
+            status = "finished"
+        except Exception as exc:
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self._write(status, t0, error)
+            if self.last_average is not None:
+                result.arrays = ArrayRecord([self.last_average.numpy()])
+            if self.backend is not None:
+                self.backend.shutdown()
+                self.backend = None
+        self.timings["total_s"] = time.perf_counter() - t0
+        return result
+
+    def _register(self, grid: Grid, rnd: int) -> None:
+        if self.transport == "ray" and self.backend is None:
+            from flower_dp.gossip.ray_backend import RayGossipBackend
+
+            t = time.perf_counter()
+            # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when
+            # loaded); a second ray.init from here would crash Flower's, so wait for it, unless a cluster is named.
+            wait = 0.0 if self.backend_kwargs.get("address") else 120.0
+            kw = {"timeout_s": self.timeout_s, "wait_for_ray_s": wait, **self.backend_kwargs}
+            self.backend = RayGossipBackend(self.n_nodes, **kw)
+            self.spec["_ray"] = {"name": self.backend.name, "namespace": self.backend.namespace,
+                                 "num_hosts": self.backend.num_hosts, "n_nodes": self.n_nodes}
+            self.timings["backend_start_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        deadline = time.monotonic() + self.timeout_s
+        while len(list(grid.get_node_ids())) < self.n_nodes and time.monotonic() < deadline:
+            time.sleep(0.2)  # in simulation the SuperNodes come up a few seconds after main() starts
+        replies = list(grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid),
+                                             timeout=self.timeout_s))
+        self.aggregate_train(rnd, replies)
+        if len(replies) < self.n_nodes or len(set(self.node_of.values())) < self.n_nodes:
+            have = sorted(set(self.node_of.values()))
+            raise GossipTimeoutError(
+                f"round {rnd}: only {len(replies)} of {self.n_nodes} ClientApps replied within {self.timeout_s:.0f} s "
+                f"(nodes registered: {have}); set num-supernodes = {self.n_nodes}, give every SuperNode a distinct "
+                "partition-id, or raise timeout_s")
+        if rnd == 1:
+            if self.backend is not None:
+                self.backend.setup()
+            self.timings["register_first_round_s"] = time.perf_counter() - t
+
+    def _ray_segment(self, rnd: int, k0: int, k1: int) -> None:
+        be = self.backend
+        seg = be.run_segment(k0, k1)
+        self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + seg.wall_time_s
+        self.bits += seg.bits_sent
+        avg = be.network_average()
+        self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
+        states = be.state_dicts() if (self.checkpoint and self.out_path is not None) else None
+        self._finish_segment(rnd, k1, seg.metric_means(), avg, states)
+
+    def _send(self, grid: Grid, action: str, k: int, per_node: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        flower_of = {v: f for f, v in self.node_of.items()}
+        msgs = [Message(RecordDict({"pushsum": ConfigRecord({KEY["action"]: action, KEY["k"]: k,
+                                                             KEY["transport"]: "relay",
+                                                             KEY["payload"]: encode(per_node[i])})}),
+                        dst_node_id=flower_of[i], message_type="train") for i in range(self.n_nodes)]
+        out = {}
+        for msg in grid.send_and_receive(msgs, timeout=self.timeout_s):
+            if msg.has_error():
+                raise RuntimeError(f"ClientApp on Flower node {msg.metadata.src_node_id} failed at k={k}: {msg.error.reason}")
+            out[self.node_of[msg.metadata.src_node_id]] = decode(msg.content["pushsum"][KEY["payload"]])
+        if len(out) < self.n_nodes:
+            missing = sorted(set(range(self.n_nodes)) - set(out))
+            raise GossipTimeoutError(f"relay: no reply from nodes {missing} at k={k} ({action}) within "
+                                     f"{self.timeout_s:.0f} s; check those SuperNodes or raise timeout_s")
+        return out
+
+    def _relay_segment(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
+        t_seg = time.perf_counter()
+        inbox: dict[int, Any] = {i: None for i in range(self.n_nodes)}
+        rows: dict[str, list[float]] = {}
+
+        def collect(replies):
+            for i in sorted(replies):
+                for key, v in replies[i].get("metrics", {}).items():
+                    rows.setdefault(key, []).append(float(v))
+
+        for k in range(k0, k1):
+            rep = self._send(grid, "contribute", k, {i: {"inbox": inbox[i]} for i in range(self.n_nodes)})
+            if any("contrib" in r for r in rep.values()):
+                reduced = reduce_contributions({i: r.get("contrib") for i, r in rep.items()})
+                rep = self._send(grid, "step", k, {i: {"reduced": reduced} for i in range(self.n_nodes)})
+            collect(rep)
+            outboxes = {i: rep[i]["shares"] for i in range(self.n_nodes)}
+            for i, shares in outboxes.items():
+                self.bits[i] += sum(int(s.wire_bits) for s in shares if s.receiver != i)
+            inbox = route_shares(outboxes, list(range(self.n_nodes)))
+        rep = self._send(grid, "flush", k1, {i: {"inbox": inbox[i]} for i in range(self.n_nodes)})
+        self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + time.perf_counter() - t_seg
+        flats = torch.stack([rep[i]["eval_params"].to(torch.float64) for i in range(self.n_nodes)])
+        avg = (flats.sum(0) / self.n_nodes).to(torch.float32)
+        self.privacy = [dict(rep[i]["privacy"], node=i) for i in range(self.n_nodes)]
+        means = {key: float(np.nanmean(v)) for key, v in rows.items()}
+        self._finish_segment(rnd, k1, means, avg, None)
+
+    def _finish_segment(self, rnd: int, k: int, means: dict[str, float], avg: torch.Tensor, states: Any) -> None:
+        if not bool(torch.isfinite(avg).all()):
+            raise NonFiniteError(f"the network-average model became non-finite by iteration {k - 1}", step=k - 1)
+        self.last_average = avg
+        row: dict[str, Any] = {"round": rnd, "k": k, "bits_total": int(self.bits.sum()), **means}
+        if self.evaluate_fn is not None:
+            ev = self.evaluate_fn(rnd, avg)
+            if ev:
+                row["eval"] = {key: float(v) for key, v in ev.items()}
+        self.history.append(row)
+        if states is not None:
+            rio.save_checkpoint(self.out_path, {"k": k, "nodes": [states[i] for i in range(self.n_nodes)],
+                                                "history": self.history, "bits": self.bits.tolist()})
+
+    def _write(self, status: str, t0: float, error: str | None) -> None:
+        if self.out_path is None:
+            return
+        doc = {"name": self.run_name, "status": status, "error": error, "backend": f"flower-{self.transport}",
+               "algorithm": self.spec.get("algorithm", "custom"), "num_iters": self.num_iters,
+               "iters_per_round": self.iters_per_round, "history": self.history,
+               "privacy": {"per_node": self.privacy}, "bits_sent_per_node": self.bits.tolist(),
+               "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}
+        rio.write_json(self.out_path / "results.json", rio.jsonable(doc))
