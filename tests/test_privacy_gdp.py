@@ -52,3 +52,21 @@ def test_exact_composition_and_errors():
         gdp.mu_from_eps_delta(1, 1.0)
     with pytest.raises(ValueError, match="rho_mu must be >= 1"):
         gdp.dyn_d2p_mu0(0.3, 0.01, 100, 0.5)
+
+
+def test_generic_calibrate_on_a_closed_form():
+    """calibrate() on the non-subsampled Gaussian GDP closed form: mu = sqrt(K)/nu; private side, tight."""
+    from flower_dp.privacy import calibrate
+
+    def eps_of(nu):
+        return gdp.eps_from_mu_delta(gdp.compose_mu([1 / nu] * 100), 1e-5)
+
+    nu = calibrate(eps_of, 2.0, 1.0, 10.0, rel_tol=1e-6)
+    assert eps_of(nu) <= 2.0
+    assert nu == pytest.approx(10 / gdp.mu_from_eps_delta(2.0, 1e-5), rel=1e-5)
+    with pytest.raises(ValueError, match="lo < hi, got lo=3.0, hi=1.0"):
+        calibrate(eps_of, 2.0, 3.0, 1.0)
+    with pytest.raises(ValueError, match="num_iters must be >= 1, got 0"):
+        gdp.dyn_d2p_mu_bar(0.3, 0.01, 0)
+    with pytest.raises(ValueError, match="mus must be a non-empty array"):
+        gdp.clt_composed_mu(0.01, [])

@@ -4,9 +4,19 @@ Every run reports the rigorous eps of the noise actually added next to the eps t
 paper's formula claims (DESIGN.md "Privacy: tell the truth").
 """
 
-from . import paper
-from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, bucket_steps, rigorous_epsilon
-from .budget import BudgetTracker, PrivacyBudget, max_steps
+from . import paper, rdp_fast
+from .accountant import (
+    ACCOUNTANTS,
+    ADJACENCIES,
+    SAMPLINGS,
+    GaussianStep,
+    LaplaceStep,
+    NodeAccountant,
+    bucket_steps,
+    rigorous_delta,
+    rigorous_epsilon,
+)
+from .budget import UNITS, BudgetTracker, PrivacyBudget, max_steps
 from .calibration import (
     CALIBRATIONS,
     DPPSAccounting,
@@ -15,6 +25,7 @@ from .calibration import (
     GaussianCalibration,
     calibrate,
     calibrate_noise_multiplier,
+    calibrate_schedule,
     dp_csgp_calibration,
     dpps_accounting,
     dyn_d2p_schedule,
@@ -34,7 +45,12 @@ from .gdp import (
 
 __all__ = [
     "paper",
+    "rdp_fast",
     "ACCOUNTANTS",
+    "SAMPLINGS",
+    "UNITS",
+    "rigorous_delta",
+    "calibrate_schedule",
     "ADJACENCIES",
     "CALIBRATIONS",
     "GaussianStep",

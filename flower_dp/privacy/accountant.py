@@ -24,6 +24,9 @@ Neighbouring relation (``adjacency``):
   uses RDP's native REPLACE_ONE with ``GaussianDpEvent(nu / 2)`` (noise over the replace-one
   sensitivity 2C, dp-accounting's convention).
 
+Laplace steps with per-release eps ``1/nu > LAPLACE_BASIC_ABOVE`` (DPPS at its paper settings:
+3,000 per round) are composed by basic composition (sum of 1/nu), added to the rest's eps.
+
 Speed: equal steps are merged and self-composed; for schedules with many distinct noise
 levels, ``nu`` is rounded DOWN onto a geometric grid of relative step ``bucket_rel`` before
 merging.  Less noise can only increase eps, so the bucketed eps is never below the exact
@@ -65,10 +68,11 @@ SAMPLINGS = ("poisson", "without_replacement")
 PLD_DISCRETIZATION = 1e-3
 PLD_DISCRETIZATION_MANY = 2e-3
 FINE_LEVELS = 16
-#: With ``bucket_rel="auto"`` the finest grid of this list leaving at most ``max_buckets`` levels is used.
-AUTO_GRID = (0.0, 1e-3, 2e-3, 5e-3, 1e-2, 1.5e-2, 2e-2, 3e-2, 5e-2, 0.1)
-MAX_BUCKETS = 48
+MAX_BUCKETS = 96
 DEFAULT_BUCKET_REL = "auto"
+#: Laplace steps with a per-release eps 1/nu above this are composed by basic (pure-DP) composition:
+#: their PLD is numerically degenerate and the advanced bounds cannot beat the sum there.
+LAPLACE_BASIC_ABOVE = 20.0
 _R = dpa.NeighboringRelation
 
 
@@ -150,19 +154,25 @@ def bucket_steps(
 ) -> list[Step]:
     """Merge steps with equal (rounded-down) noise levels; order of first appearance kept, counts added.
 
-    ``bucket_rel``: relative grid step (0 = exact merging only) or ``"auto"``: the finest grid of
-    ``AUTO_GRID`` that leaves at most ``max_buckets`` distinct levels.  Rounding is always down
+    ``bucket_rel``: relative grid step (0 = exact merging only) or ``"auto"``: exact merging when
+    that leaves at most ``max_buckets`` levels, else the finest geometric grid that does
+    (relative step about ``(max nu / min nu)^(1 / max_buckets) - 1``).  Rounding is always down
     (less noise), so the accounted eps is an upper bound on the exact one.
     """
     steps = list(steps)
     if bucket_rel != "auto":
         return _bucket_fixed(steps, float(bucket_rel))
-    out: list[Step] = []
-    for rel in AUTO_GRID:
+    out = _bucket_fixed(steps, 0.0)
+    nus = [s.nu for s in out if math.isfinite(s.nu)]
+    if len(out) <= max_buckets or not nus:
+        return out
+    # the finest geometric grid that leaves at most max_buckets levels
+    rel = math.expm1(math.log(max(nus) / min(nus)) / max(1, max_buckets - 2))
+    while True:
         out = _bucket_fixed(steps, rel)
         if len(out) <= max_buckets:
-            break
-    return out
+            return out
+        rel *= 1.25
 
 
 def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str):
@@ -217,6 +227,14 @@ def _prepare(steps, accountant, adjacency, bucket_rel, max_buckets) -> tuple[Ste
     return tuple(s for s in bucket_steps(steps, bucket_rel, max_buckets=max_buckets) if not math.isinf(s.nu))
 
 
+def _split_pure(merged: tuple[Step, ...], adjacency: str) -> tuple[tuple[Step, ...], float]:
+    """Take out Laplace steps with huge per-release eps; return (rest, their basic-composition eps)."""
+    factor = 2.0 if adjacency == "replace_one" else 1.0
+    pure = [s for s in merged if isinstance(s, LaplaceStep) and factor / s.nu > LAPLACE_BASIC_ABOVE]
+    rest = tuple(s for s in merged if s not in pure)
+    return rest, float(sum(s.count * factor / s.nu for s in pure))
+
+
 def rigorous_epsilon(
     steps: Iterable[Step],
     delta: float,
@@ -253,15 +271,15 @@ def rigorous_epsilon(
         eps (0.0 for an empty history; ``inf`` when no finite eps exists).
     """
     delta = check_delta(delta)
-    merged = _prepare(steps, accountant, adjacency, bucket_rel, max_buckets)
+    merged, eps_pure = _split_pure(_prepare(steps, accountant, adjacency, bucket_rel, max_buckets), adjacency)
     if not merged:
-        return 0.0
+        return eps_pure
     if discretization is None:
         discretization = PLD_DISCRETIZATION if len(merged) <= FINE_LEVELS else PLD_DISCRETIZATION_MANY
     acc, nonempty = _compose(merged, accountant, adjacency, float(discretization))
     if not nonempty:
-        return 0.0
-    eps = float(acc.get_epsilon(delta))
+        return eps_pure
+    eps = float(acc.get_epsilon(delta)) + eps_pure
     return eps if math.isfinite(eps) else float("inf")
 
 
@@ -276,7 +294,10 @@ def rigorous_delta(
 ) -> float:
     """The delta of a whole history at ``epsilon`` (same accountants and conventions as :func:`rigorous_epsilon`)."""
     epsilon = check_epsilon(epsilon, "epsilon")
-    merged = _prepare(steps, accountant, adjacency, bucket_rel, max_buckets)
+    merged, eps_pure = _split_pure(_prepare(steps, accountant, adjacency, bucket_rel, max_buckets), adjacency)
+    if eps_pure >= epsilon:
+        return 1.0
+    epsilon -= eps_pure
     if not merged:
         return 0.0
     acc, nonempty = _compose(merged, accountant, adjacency, PLD_DISCRETIZATION)

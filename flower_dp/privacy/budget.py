@@ -1,20 +1,27 @@
 """Privacy budgets: an object, and a hard stop (STYLE.md 2.6).
 
-A :class:`BudgetTracker` is charged step by step.  Before a step is composed, a
-look-ahead computes the eps the ledger would have *with* it; if that exceeds the budget
-it raises :class:`flower_dp.errors.BudgetExceededError` naming the node, the step, the
-eps spent and the limit, and nothing is charged (the caller must not draw the noise).
-Every algorithm's per-step cost is known before k = 0, so runs use :func:`max_steps` for a
-pre-flight truncation and never reach the error in normal operation.
+A :class:`BudgetTracker` is charged step by step.  Before a step is composed, a look-ahead
+checks that the ledger *with* it stays within the budget; if not, it raises
+:class:`flower_dp.errors.BudgetExceededError` naming the node, the step, the eps spent and
+the limit, and nothing is charged (the caller must not draw the noise).
+
+Speed: a full look-ahead runs the rigorous accountant (~0.05-2 s).  Every algorithm knows its
+per-step costs before k = 0, so a run calls :meth:`BudgetTracker.reserve` once with its plan:
+this pre-flight (bisection, :func:`max_steps`) certifies the longest prefix that fits, and
+later charges that are *dominated* by the certified plan (same kind and sampling, same q,
+noise multiplier >= the planned one) are accepted without calling the accountant: a
+dominated history can only have a smaller eps.  Charges off the plan fall back to the full
+look-ahead.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int
-from ..errors import BudgetExceededError
-from .accountant import ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, rigorous_epsilon
+from ..errors import BudgetExceededError, UnsupportedEventError
+from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, rigorous_epsilon
 
 __all__ = ["PrivacyBudget", "BudgetTracker", "max_steps", "UNITS"]
 
@@ -25,8 +32,14 @@ UNITS = ("record", "client", "node_round")
 class PrivacyBudget:
     """(epsilon, delta) for a whole run, with the neighbouring relation and the privacy unit.
 
-    ``unit``: ``record`` (one training example of one node), ``client`` (a whole client, Gau-LRQ)
-    or ``node_round`` (one node's message in one round, DPPS).
+    Attributes
+    ----------
+    epsilon : float > 0
+    delta : float in (0, 1)
+    adjacency : {"add_remove", "replace_one"}
+    unit : {"record", "client", "node_round"}
+        ``record``: one training example of one node; ``client``: a whole client (Gau-LRQ);
+        ``node_round``: one node's message in one round (DPPS, not comparable to the others).
     """
 
     epsilon: float
@@ -41,59 +54,70 @@ class PrivacyBudget:
         check_choice("unit", self.unit, UNITS)
 
 
-class BudgetTracker:
-    """Charges one node's steps against its :class:`PrivacyBudget` (heterogeneous budgets: one tracker per node)."""
+def _expand(steps: Sequence) -> list:
+    """One entry per release (count 1), so prefixes and positions are per iteration."""
+    out = []
+    for s in steps:
+        if not isinstance(s, (GaussianStep, LaplaceStep)):
+            raise UnsupportedEventError(f"unsupported privacy step {s!r}; use GaussianStep or LaplaceStep")
+        one = type(s)(**{**s.__dict__, "count": 1})
+        out.extend([one] * s.count)
+    return out
 
-    def __init__(self, budget: PrivacyBudget, *, accountant: str = "pld", node: int | None = None) -> None:
-        self.budget = budget
-        self.node = node
-        self.accountant = NodeAccountant(accountant, budget.adjacency)
 
-    @property
-    def epsilon_spent(self) -> float:
-        return self.accountant.epsilon(self.budget.delta)
-
-    def _charge(self, step, *, step_index: int | None) -> None:
-        eps_after = self.accountant.epsilon(self.budget.delta, extra=[step])
-        if eps_after > self.budget.epsilon:
-            raise BudgetExceededError(
-                f"node {self.node} step {step_index}: charging {step} would bring eps to {eps_after:.4g} "
-                f"(spent so far {self.epsilon_spent:.4g}), above the budget eps = {self.budget.epsilon} at "
-                f"delta = {self.budget.delta}; stop the run here (its results so far stay valid) or raise the budget",
-                node=self.node,
-                step=step_index,
-                epsilon_spent=self.epsilon_spent,
-                epsilon_limit=self.budget.epsilon,
-            )
-        if isinstance(step, GaussianStep):
-            self.accountant.charge_gaussian(q=step.q, nu=step.nu, count=step.count)
-        else:
-            self.accountant.charge_laplace(nu=step.nu, count=step.count)
-
-    def charge_gaussian(self, *, q: float, nu: float, count: int = 1, step: int | None = None) -> None:
-        self._charge(GaussianStep(q, nu, count), step_index=step)
-
-    def charge_laplace(self, *, nu: float, count: int = 1, step: int | None = None) -> None:
-        self._charge(LaplaceStep(nu, count), step_index=step)
+def _dominated(step, planned) -> bool:
+    """True when ``step`` (count 1) is at most as private-costly as ``planned``."""
+    if type(step) is not type(planned):
+        return False
+    if isinstance(step, GaussianStep):
+        same = (step.q, step.sampling, step.dataset_size) == (planned.q, planned.sampling, planned.dataset_size)
+        return same and step.nu >= planned.nu
+    return step.nu >= planned.nu
 
 
 def max_steps(
-    steps: list,
+    steps,
     budget: PrivacyBudget,
     *,
     accountant: str = "pld",
+    spent: Sequence = (),
+    limit: int = 1_000_000,
 ) -> int:
-    """Largest ``m`` such that the first ``m`` steps of a planned history fit the budget (bisection).
+    """Largest ``m`` such that ``spent`` plus the first ``m`` planned releases fit the budget (bisection).
 
-    ``steps`` is the per-iteration plan (one ``GaussianStep``/``LaplaceStep`` per iteration).
+    Parameters
+    ----------
+    steps : list of GaussianStep/LaplaceStep, or a single step
+        The per-iteration plan (counts are expanded), or one step repeated: then the answer is
+        the largest count of that step that fits (searched up to ``limit``).
+    budget : PrivacyBudget
+    spent : steps already charged (a ledger)
     """
+    check_choice("accountant", accountant, ACCOUNTANTS)
+    spent = list(spent)
+    single = isinstance(steps, (GaussianStep, LaplaceStep))
+
+    def prefix(m: int) -> list:
+        if single:
+            return [type(steps)(**{**steps.__dict__, "count": m})]
+        return plan[:m]
+
     def fits(m: int) -> bool:
-        return m == 0 or rigorous_epsilon(steps[:m], budget.delta, accountant=accountant,
+        return m == 0 or rigorous_epsilon(spent + prefix(m), budget.delta, accountant=accountant,
                                           adjacency=budget.adjacency) <= budget.epsilon
 
-    lo, hi = 0, len(steps)
-    if fits(hi):
-        return hi
+    if single:
+        hi = 1
+        while fits(hi):
+            if hi >= limit:
+                return limit
+            hi = min(2 * hi, limit)
+        lo = hi // 2
+    else:
+        plan = _expand(steps)
+        lo, hi = 0, len(plan)
+        if fits(hi):
+            return hi
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):
@@ -101,3 +125,93 @@ def max_steps(
         else:
             hi = mid
     return check_int("max_steps", lo, minimum=0)
+
+
+class BudgetTracker:
+    """Charges one node's steps against its :class:`PrivacyBudget` (heterogeneous budgets: one tracker per node).
+
+    Parameters
+    ----------
+    budget : PrivacyBudget
+    accountant : {"pld", "rdp"}
+    node : int or None  named in errors
+    """
+
+    def __init__(self, budget: PrivacyBudget, *, accountant: str = "pld", node: int | None = None) -> None:
+        if not isinstance(budget, PrivacyBudget):
+            raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
+        self.budget = budget
+        self.node = node
+        self.accountant = NodeAccountant(accountant, budget.adjacency)
+        self._plan: list = []
+        self._pos = 0
+
+    @property
+    def epsilon_spent(self) -> float:
+        """Rigorous eps of everything charged so far, at the budget's delta."""
+        return self.accountant.epsilon(self.budget.delta)
+
+    def reserve(self, plan: Sequence) -> int:
+        """Pre-flight: certify the longest prefix of ``plan`` that fits after what was spent; returns its length.
+
+        Later charges dominated by the certified plan, in order, skip the accountant.
+        """
+        full = _expand(plan)
+        m = max_steps(full, self.budget, accountant=self.accountant.accountant, spent=self.accountant.ledger)
+        self._plan, self._pos = full[:m], 0
+        return m
+
+    def max_steps(self, step) -> int:
+        """Largest count of ``step`` (or prefix of a plan) that still fits after what was spent."""
+        return max_steps(step, self.budget, accountant=self.accountant.accountant, spent=self.accountant.ledger)
+
+    def _covered(self, step) -> bool:
+        ones = _expand([step])
+        if self._pos + len(ones) > len(self._plan):
+            return False
+        return all(_dominated(s, self._plan[self._pos + i]) for i, s in enumerate(ones))
+
+    def charge(self, step, *, step_index: int | None = None) -> None:
+        """Charge ``step`` (GaussianStep/LaplaceStep) after the look-ahead; raises BudgetExceededError instead."""
+        if self._covered(step):
+            self._pos += step.count
+            self.accountant.charge(step)
+            return
+        self._plan, self._pos = [], 0  # off the plan: the certificate no longer applies
+        eps_after = self.accountant.epsilon(self.budget.delta, extra=[step])
+        if eps_after > self.budget.epsilon:
+            spent = self.epsilon_spent
+            raise BudgetExceededError(
+                f"node {self.node} step {step_index}: charging {step} would bring eps to {eps_after:.4g} "
+                f"(spent so far {spent:.4g}), above the budget eps = {self.budget.epsilon} at "
+                f"delta = {self.budget.delta}; stop the run here (its results so far stay valid) or raise the budget",
+                node=self.node,
+                step=step_index,
+                epsilon_spent=spent,
+                epsilon_limit=self.budget.epsilon,
+            )
+        self.accountant.charge(step)
+
+    def charge_gaussian(self, *, q: float, nu: float, count: int = 1, step: int | None = None, **kw) -> None:
+        """Charge ``count`` subsampled Gaussian releases (see :class:`GaussianStep`)."""
+        self.charge(GaussianStep(q, nu, count, **kw), step_index=step)
+
+    def charge_laplace(self, *, nu: float, count: int = 1, step: int | None = None) -> None:
+        """Charge ``count`` Laplace releases (see :class:`LaplaceStep`)."""
+        self.charge(LaplaceStep(nu, count), step_index=step)
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable state (the budget and the ledger; the plan certificate is recomputed on resume)."""
+        b = self.budget
+        return {"type": "BudgetTracker", "node": self.node,
+                "budget": {"epsilon": b.epsilon, "delta": b.delta, "adjacency": b.adjacency, "unit": b.unit},
+                "accountant": self.accountant.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict`; refuses a state with another budget."""
+        if not isinstance(state, dict) or state.get("type") != "BudgetTracker":
+            raise ValueError(f"expected a BudgetTracker state dict, got {state.get('type') if isinstance(state, dict) else state!r}")
+        if PrivacyBudget(**state["budget"]) != self.budget:
+            raise ValueError(f"cannot load a state for budget {state['budget']} into a tracker with {self.budget}")
+        self.accountant.load_state_dict(state["accountant"])
+        self._plan, self._pos = [], 0

@@ -2,7 +2,9 @@
 
 One generic solver, :func:`calibrate` (the shape of dp_accounting's ``calibrate_dp_mechanism``:
 a factory from parameter to eps), always returns the *private side*: the eps of the
-returned parameter is <= the target.  Per-algorithm calibrations return a frozen record
+returned parameter is <= the target.  :func:`calibrate_noise_multiplier` solves a constant
+noise multiplier; :func:`calibrate_schedule` solves the common scale of a whole schedule of
+thousands of distinct levels in seconds.  Per-algorithm calibrations return a frozen record
 with the noise to use, ``eps_rigorous`` (what PLD/RDP gives for exactly that noise) and
 ``eps_paper`` (what the paper's formula claims), so a run can print both.
 
@@ -21,7 +23,7 @@ import numpy as np
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from . import gdp, paper
 from . import rdp_fast
-from .accountant import GaussianStep, LaplaceStep, bucket_steps, rigorous_epsilon
+from .accountant import GaussianStep, bucket_steps, rigorous_epsilon
 
 __all__ = [
     "CALIBRATIONS",
@@ -55,10 +57,11 @@ def calibrate(
     lo, hi = check_positive("lo", lo), check_positive("hi", hi)
     if not lo < hi:
         raise ValueError(f"the bracket must satisfy lo < hi, got lo={lo}, hi={hi}")
-    while make_epsilon(hi) > target:
+    while (e_hi := make_epsilon(hi)) > target:
         if hi > 1e6:
             raise ValueError(
-                f"no noise level up to {hi:g} reaches target eps {target}; raise the target or reduce the steps"
+                f"no parameter up to {hi:g} reaches target eps {target}, got eps {e_hi:.4g} there; "
+                "raise the target or reduce the steps"
             )
         lo, hi = hi, hi * 4
     while make_epsilon(lo) <= target and lo > 1e-6:
@@ -80,18 +83,22 @@ def calibrate_noise_multiplier(
     *,
     accountant: str = "pld",
     adjacency: str = "add_remove",
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
 ) -> float:
     """Smallest noise multiplier ``nu`` (std / clip bound) with rigorous eps(delta) <= target.
 
-    ``steps`` Poisson(q)-subsampled Gaussian releases, neighbouring relation ``adjacency``.
-    The returned value is on the private side (rel. tolerance 1e-4).
+    ``steps`` subsampled Gaussian releases (``sampling``/``dataset_size`` as in
+    :class:`GaussianStep`), neighbouring relation ``adjacency``.  The returned value is on the
+    private side (rel. tolerance 1e-4).
     """
     check_epsilon(target_epsilon, "target_epsilon")
     check_delta(delta)
     check_probability("q", q)
     steps = check_int("steps", steps, minimum=1)
     return calibrate(
-        lambda nu: rigorous_epsilon([GaussianStep(q, nu, steps)], delta, accountant=accountant, adjacency=adjacency),
+        lambda nu: rigorous_epsilon([GaussianStep(q, nu, steps, sampling, dataset_size)], delta, accountant=accountant,
+                                    adjacency=adjacency),
         target_epsilon,
         0.3,
         3.0,
@@ -146,27 +153,29 @@ def calibrate_schedule(
 
     s0 = calibrate(proxy, target, 0.3, 3.0, rel_tol=1e-4)
     # local elasticity d ln eps / d ln s from the proxy, for the first jump towards the real root
-    slope = math.log(proxy(s0 * 0.95) / max(proxy(s0), 1e-300)) / -math.log(0.95)
+    slope = math.log(proxy(s0 * 0.95) / max(proxy(s0), 1e-300)) / math.log(0.95)
     slope = min(max(slope, -6.0), -0.5) if math.isfinite(slope) else -2.0
     lo, hi = None, None  # real(lo) > target >= real(hi)
+    pts: list[tuple[float, float]] = []
     s, e = s0, real(s0)
-    for _ in range(40):
+    for _ in range(30):
+        pts.append((math.log(s), math.log(max(e, 1e-300)) - math.log(target)))
         if e <= target:
-            hi = (s, e)
+            hi = (s, e) if hi is None or s < hi[0] else hi
         else:
-            lo = (s, e)
-        if hi is not None and (hi[1] >= target * (1 - rel_tol) or (lo is not None and hi[0] / lo[0] - 1 < rel_tol)):
+            lo = (s, e) if lo is None or s > lo[0] else lo
+        if hi is not None and (hi[1] >= target * (1 - rel_tol) or (lo is not None and hi[0] / lo[0] - 1 < rel_tol / 4)):
             return hi[0]
-        if lo is None:  # eps ~ 1/nu^2 roughly: jump near the root, slightly past it
-            s = hi[0] * min(0.99, (target / hi[1]) ** (1 / slope) * 1.002)
-        elif hi is None:
-            s = lo[0] * max(1.01, (target / lo[1]) ** (1 / slope) * 1.002)
-        else:  # secant on log eps vs log s, kept strictly inside the bracket
-            x0, x1 = math.log(lo[0]), math.log(hi[0])
-            y0, y1 = math.log(lo[1]) - math.log(target), math.log(max(hi[1], 1e-300)) - math.log(target)
-            x = x1 - y1 * (x1 - x0) / (y1 - y0) if y1 != y0 else 0.5 * (x0 + x1)
-            x = min(max(x, x0 + 0.1 * (x1 - x0)), x1 - 0.1 * (x1 - x0))
-            s = math.exp(x)
+        if len(pts) == 1:
+            x = pts[0][0] - pts[0][1] / slope
+        else:  # secant through the last two points in log-log space (interpolates or extrapolates)
+            (x0, y0), (x1, y1) = pts[-2], pts[-1]
+            x = x1 - y1 * (x1 - x0) / (y1 - y0) if y1 != y0 else x1 - y1 / slope
+        x += 0.5 * rel_tol / abs(slope)  # aim slightly inside the private side
+        if lo is not None and hi is not None:  # stay strictly inside the bracket
+            xl, xh = math.log(lo[0]), math.log(hi[0])
+            x = min(max(x, xl + 0.05 * (xh - xl)), xh - 0.05 * (xh - xl))
+        s = math.exp(min(max(x, pts[-1][0] - 0.4), pts[-1][0] + 0.4))
         e = real(s)
     if hi is None:
         raise ValueError(f"could not reach target eps {target}; got eps {e:.4g} at scale {s:.4g}")
@@ -238,8 +247,17 @@ def dyn_d2p_schedule(
 
     ``paper``: the GDP-CLT schedule of the paper (eq. 6, 8, 9): ``mu_k = mu_0 rho_mu^(k/K)``
     (dyn, dyn_mu) or ``mu_bar`` (dyn_c, const), meeting ``mu_tot(eps, delta)`` under the CLT.
-    ``rigorous``: the same shape, with the overall scale bisected until the PLD/RDP eps of
-    ``PoissonSampled(q, Gaussian(nu_k))`` over all k is <= ``epsilon``.
+    ``rigorous``: the same shape, with the overall scale solved (:func:`calibrate_schedule`) so
+    that the PLD/RDP eps of ``PoissonSampled(q, Gaussian(f nu_k))`` over all k is <= ``epsilon``
+    (within 0.5 %).  ``sensitivity_factor`` f = 1: add/remove adjacency; f = 2: replace-one
+    (``nu_k`` is then relative to 2 C_k and the accountant uses adjacency ``replace_one``).
+
+    Returns
+    -------
+    DynD2PSchedule
+        Arrays of shape (K,): ``clip`` C_k, ``nu`` = 1/mu_k, ``noise_std_sum`` = nu_k f C_k (std
+        on the SUM of clipped gradients; divide by B for the mean).  Paper mode warns (and records
+        in ``warnings``) when the rigorous eps exceeds the target.
     """
     check_choice("variant", variant, DYN_VARIANTS)
     check_choice("calibration", calibration, CALIBRATIONS)
@@ -282,181 +300,13 @@ def dyn_d2p_schedule(
                           eps_rig, eps_paper, mu_tot, tuple(notes), f)
 
 
-@dataclass(frozen=True)
-class GaussianCalibration:
-    """A constant-noise Gaussian calibration: ``nu`` per step, the std it means, and both eps."""
-
-    calibration: str
-    epsilon: float
-    delta: float
-    q: float
-    num_iters: int
-    nu: float
-    noise_std: float
-    eps_rigorous: float
-    eps_paper: float
-    warnings: tuple[str, ...] = ()
-
-
-def _gaussian_record(calibration, epsilon, delta, q, K, nu, std, eps_paper, accountant, adjacency) -> GaussianCalibration:
-    eps_rig = rigorous_epsilon([GaussianStep(q, nu, K)], delta, accountant=accountant, adjacency=adjacency)
-    notes = ()
-    if eps_rig > epsilon * 1.001:
-        notes = (f"{calibration} calibration: rigorous eps = {eps_rig:.4g} exceeds the target {epsilon}",)
-    return GaussianCalibration(calibration, epsilon, delta, q, K, nu, std, eps_rig, eps_paper, notes)
-
-
-def privsgp_vr_calibration(
-    epsilon: float,
-    delta: float,
-    *,
-    num_iters: int,
-    J: int,
-    G: float,
-    block: int = 1,
-    vr: bool = True,
-    calibration: str = "rigorous",
-    c2: float | None = None,
-    accountant: str = "pld",
-    adjacency: str = "add_remove",
-) -> GaussianCalibration:
-    """Noise for one PrivSGP-VR (``vr=True``) / PrivSGP node (privsgp-vr.md 4.2, 4.5 DECISION).
-
-    The released gradient is bounded by ``3G`` (VR) or ``G``; with blocks of ``b`` samples the
-    block-mean has sensitivity ``3G / b`` and sampling rate ``q = b / J``.  ``noise_std`` is the
-    std added to that gradient.  ``paper`` uses eq. (11) (``c2`` required).
-    """
-    check_choice("calibration", calibration, CALIBRATIONS)
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    K, J, block = check_int("num_iters", num_iters, minimum=1), check_int("J", J, minimum=1), check_int("block", block, minimum=1)
-    sens = (3.0 if vr else 1.0) * check_positive("G", G) / block
-    q = min(1.0, block / J)
-    if calibration == "paper":
-        if c2 is None:
-            raise ValueError("calibration='paper' needs c2 (the paper never gives it; 0.3724 reproduces K* = 3120)")
-        std = paper.paper_sigma_privsgp_vr(epsilon, delta, num_iters=K, J=J, G=G, c2=c2, vr=vr) / block
-        nu = std / sens
-        eps_paper = epsilon
-    else:
-        nu = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency)
-        std = nu * sens
-        eps_paper = float("nan") if c2 is None else epsilon * paper.paper_sigma_privsgp_vr(
-            epsilon, delta, num_iters=K, J=J, G=G, c2=c2, vr=vr) / (std * block)
-    return _gaussian_record(calibration, epsilon, delta, q, K, nu, std, eps_paper, accountant, adjacency)
-
-
-def dp_csgp_calibration(
-    epsilon: float,
-    delta: float,
-    *,
-    num_iters: int,
-    J: int,
-    batch_size: int,
-    G: float,
-    calibration: str = "rigorous",
-    c2: float = 1.0,
-    accountant: str = "pld",
-) -> GaussianCalibration:
-    """Noise std on the batch-mean clipped gradient for DP-CSGP (dp-csgp.md 4.1-4.3).
-
-    ``paper``: Prop. 2 ``sigma = c2 G sqrt(T ln(1/delta)) / (J eps)``; ``rigorous``: smallest ``z``
-    with eps <= target for Poisson(q = B/J) over T steps, ``sigma = z G / B``.
-    """
-    check_choice("calibration", calibration, CALIBRATIONS)
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    K, J, B = check_int("num_iters", num_iters, minimum=1), check_int("J", J, minimum=1), check_int("batch_size", batch_size, minimum=1)
-    G = check_positive("G", G)
-    q = min(1.0, B / J)
-    sigma_paper = paper.paper_sigma_dp_csgp(epsilon, delta, num_iters=K, J=J, G=G, c2=c2)
-    if calibration == "paper":
-        std, eps_paper = sigma_paper, epsilon
-    else:
-        std = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant) * G / B
-        eps_paper = epsilon * sigma_paper / std  # the formula's eps scales as 1/sigma
-    return _gaussian_record(calibration, epsilon, delta, q, K, std * B / G, std, eps_paper, accountant, "add_remove")
-
-
-@dataclass(frozen=True)
-class GauLRQCalibration:
-    """Per-round noise multipliers ``z_k`` (std of the noise on the client SUM over S2) for Gau-LRQ.
-
-    Per-client per-coordinate std is ``sigma_k = z_k S2 / sqrt(B)`` (gau-lrq.md 5.3).
-    """
-
-    calibration: str
-    epsilon: float
-    delta: float
-    q: float
-    z: np.ndarray = field(repr=False)
-    eps_rigorous: float
-    eps_paper: float
-    warnings: tuple[str, ...] = ()
-
-    def sigma(self, k: int, S2: float, B: int) -> float:
-        return float(self.z[k] * S2 / math.sqrt(B))
-
-
-def gau_lrq_calibration(
-    epsilon: float,
-    delta: float,
-    *,
-    num_rounds: int,
-    B: int,
-    N: int,
-    tau: float = 1.0,
-    calibration: str = "rigorous",
-    accountant: str = "pld",
-) -> GauLRQCalibration:
-    """Client-level calibration of (Dynamic) Gau-LRQ (gau-lrq.md 5.3, 6.3).
-
-    ``tau = 1`` is the fixed scheme.  ``paper``: the closed form (Lemma 4, eq. 17/18);
-    ``rigorous``: the same shape ``z_k ∝ tau^(k/4)`` with a common scale bisected until the
-    Poisson(q = B/N)-subsampled Gaussian accountant meets the target.
-    """
-    check_choice("calibration", calibration, CALIBRATIONS)
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    K = check_int("num_rounds", num_rounds, minimum=1)
-    N = check_int("N", N, minimum=1)
-    B = check_int("B", B, minimum=1, maximum=N)
-    q = B / N
-    z_paper = paper.gau_lrq_dynamic_z(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
-    if calibration == "paper":
-        z = z_paper
-    else:
-        shape = z_paper / z_paper[0]
-        z = calibrate_schedule(shape, epsilon, delta, q, accountant=accountant) * shape
-    eps_rig = rigorous_epsilon([GaussianStep(q, float(s)) for s in z], delta, accountant=accountant)
-    eps_pap = paper.paper_eps_gau_lrq(z, delta, B=B, N=N)
-    notes = ()
-    if eps_rig > epsilon * 1.001:
-        notes = (f"paper calibration: rigorous eps = {eps_rig:.4g} exceeds the target {epsilon}",)
-    return GauLRQCalibration(calibration, epsilon, delta, q, z, eps_rig, eps_pap, notes)
-
-
-@dataclass(frozen=True)
-class DPPSAccounting:
-    """DPPS/PartPSP privacy numbers: per-round paper eps, basic composition, and a Laplace
-    composition over rounds.  HEURISTIC: the sensitivity is an estimate published in the clear."""
-
-    eps_round_paper: np.ndarray = field(repr=False)
-    eps_basic: float
-    eps_composed: float
-    delta: float
-    heuristic: bool = True
-
-
-def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str = "pld") -> DPPSAccounting:
-    """Per-round ``b / gamma_n(t)`` (Theorem 1), their sum, and the accountant's Laplace composition."""
-    g = np.asarray(gamma_n_schedule, dtype=float)
-    eps_round = np.array([paper.dpps_round_epsilon(b, float(x)) for x in g])
-    check_delta(delta)
-    if eps_round.max() > 50:
-        # per-round eps this large: numerical accountants break down and no composition theorem beats
-        # the basic sum by anything that matters; the basic sum is a valid bound for pure-DP steps.
-        composed = float(eps_round.sum())
-        warnings.warn(
-            f"DPPS per-round eps b/gamma_n reaches {eps_round.max():.3g}: no meaningful DP guarantee", stacklevel=2
-        )
-    else:
-        composed = rigorous_epsilon([LaplaceStep(float(x) / b) for x in g], delta, accountant=accountant)
-    return DPPSAccounting(eps_round, float(eps_round.sum()), composed, delta)
+# per-algorithm calibrations live in their own module; re-exported here (import at the end: they use the above)
+from .calibration_algos import (  # noqa: E402
+    DPPSAccounting,
+    GauLRQCalibration,
+    GaussianCalibration,
+    dp_csgp_calibration,
+    dpps_accounting,
+    gau_lrq_calibration,
+    privsgp_vr_calibration,
+)

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.stats import norm
 
-from .._checks import check_delta, check_epsilon, check_nonnegative, check_positive, check_probability
+from .._checks import check_delta, check_epsilon, check_int, check_nonnegative, check_positive, check_probability
 
 __all__ = [
     "GDPResult",
@@ -78,9 +78,28 @@ def compose_mu(mus) -> float:
 
 
 def clt_composed_mu(p: float, mus) -> GDPResult:
-    """Subsampled CLT composition ``p sqrt(sum_k expm1(mu_k^2))`` (Dyn-D2P eq. 6); approximate."""
+    """Subsampled CLT composition ``p sqrt(sum_k expm1(mu_k^2))`` (Dyn-D2P eq. 6, Bu et al. 2020 Thm 5).
+
+    Parameters
+    ----------
+    p : float in (0, 1]  Poisson sampling rate
+    mus : array_like, shape (K,)  per-step GDP parameters (1 / noise multiplier)
+
+    Returns
+    -------
+    GDPResult
+        ``approximate=True`` always.
+
+    .. warning::
+       This is a central-limit *approximation* (p -> 0, K -> inf), not a bound.  Opacus's
+       ``accountants/gdp.py`` warns the same: it "can underestimate privacy expenditure".
+       dyn-d2p.md 4.6: with per-step mu_k >~ 1 (B = 1, p = 1/J) the true eps is 20-70 % above
+       the target.  Report :func:`flower_dp.privacy.rigorous_epsilon` next to it.
+    """
     p = check_probability("p", p)
     arr = np.asarray(mus, dtype=np.float64)
+    if arr.size == 0 or (arr < 0).any() or not np.isfinite(arr).all():
+        raise ValueError(f"mus must be a non-empty array of finite values >= 0, got {arr[:3]!r}")
     return GDPResult(float(p * np.sqrt(np.sum(np.expm1(arr**2)))), approximate=True)
 
 
@@ -88,6 +107,7 @@ def dyn_d2p_mu_bar(mu_tot: float, p: float, num_iters: int) -> float:
     """Constant per-step mu meeting ``mu_tot`` under eq. (6): ``sqrt(log1p(mu_tot^2 / (p^2 K)))`` (eq. 9)."""
     mu_tot = check_positive("mu_tot", mu_tot)
     p = check_probability("p", p)
+    num_iters = check_int("num_iters", num_iters, minimum=1)
     return float(math.sqrt(math.log1p(mu_tot**2 / (p**2 * num_iters))))
 
 

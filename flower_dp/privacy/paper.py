@@ -21,6 +21,8 @@ __all__ = [
     "paper_sigma_gau_lrq",
     "paper_eps_gau_lrq",
     "gau_lrq_dynamic_z",
+    "gau_lrq_dynamic_sigmas",
+    "gau_lrq_dynamic_round_epsilons",
     "dpps_round_epsilon",
     "dpps_basic_composition",
 ]
@@ -35,7 +37,9 @@ def paper_sigma_privsgp_vr(
     the paper never gives it (0.3724 reproduces its K* = 3120).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    check_positive("c2", c2)
+    check_positive("c2", c2, hint="the paper never gives c2; 0.3724 reproduces its K* = 3120")
+    num_iters, J = check_int("num_iters", num_iters, minimum=1), check_int("J", J, minimum=1)
+    G = check_positive("G", G)
     factor = 3.0 if vr else 1.0
     return factor * c2 * G * math.sqrt(num_iters * math.log(1 / delta)) / (J * epsilon)
 
@@ -47,6 +51,10 @@ def k_star_privsgp_vr(
 
     Real-valued; the spec's DECISION is to use ``round(K*)``.
     """
+    n_nodes, J = check_int("n_nodes", n_nodes, minimum=1), check_int("J", J, minimum=1)
+    for name, v in (("A", A), ("L", L), ("G", G), ("c2", c2)):
+        check_positive(name, v)
+    d = check_int("d", d, minimum=1)
     eps = np.broadcast_to(np.asarray(epsilons, dtype=float), (n_nodes,))
     dels = np.broadcast_to(np.asarray(deltas, dtype=float), (n_nodes,))
     for e in eps:
@@ -61,12 +69,18 @@ def paper_sigma_dp_csgp(epsilon: float, delta: float, *, num_iters: int, J: int,
     """DP-CSGP Prop. 2, eq. (10): ``sigma = c2 G sqrt(T ln(1/delta)) / (J eps)`` (std on the batch-mean gradient)."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     check_int("num_iters", num_iters, minimum=1)
+    check_int("J", J, minimum=1)
+    check_positive("G", G)
+    check_positive("c2", c2)
     return c2 * G * math.sqrt(num_iters * math.log(1 / delta)) / (J * epsilon)
 
 
 def paper_sigma_gau_lrq(epsilon: float, delta: float, *, S2: float, num_rounds: int, B: int, N: int) -> float:
     """Gau-LRQ Lemma 1 inverted: ``sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)`` (per client, per coordinate)."""
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
+    check_positive("S2", S2)
+    num_rounds, N = check_int("num_rounds", num_rounds, minimum=1), check_int("N", N, minimum=1)
+    B = check_int("B", B, minimum=1, maximum=N)
     return 2 * S2 * math.sqrt(num_rounds * B * math.log(1 / delta)) / (N * epsilon)
 
 
@@ -83,8 +97,12 @@ def gau_lrq_dynamic_z(epsilon: float, delta: float, *, num_rounds: int, B: int, 
     ``tau = 1`` gives the fixed scheme.
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    check_positive("tau", tau)
+    tau = check_positive("tau", tau)
+    if tau > 1:
+        raise ValueError(f"tau must be in (0, 1] (loss decay rate; 1 = fixed scheme), got {tau}")
     K = check_int("num_rounds", num_rounds, minimum=1)
+    N = check_int("N", N, minimum=1)
+    B = check_int("B", B, minimum=1, maximum=N)
     Cp = 4 * B**2 * math.log(1 / delta) / (N**2 * epsilon**2)
     G = float(np.sum(tau ** (-np.arange(K) / 2)))
     return np.sqrt(Cp * G * tau ** (np.arange(K) / 2))
@@ -99,3 +117,24 @@ def dpps_basic_composition(b: float, gamma_n_schedule) -> float:
     """Basic sequential composition ``sum_t b / gamma_n(t)`` (the paper composes nothing)."""
     g = np.asarray(gamma_n_schedule, dtype=float)
     return float(np.sum(check_positive("b", b) / g))
+
+
+def gau_lrq_dynamic_sigmas(
+    epsilon: float, delta: float, *, S2: float, num_rounds: int, B: int, N: int, tau: float
+) -> np.ndarray:
+    """Dynamic Gau-LRQ eq. (17/18): per-client per-coordinate ``sigma_k = sqrt(C G tau^(k/2))``.
+
+    ``C = 4 S2^2 B ln(1/delta) / (N^2 eps^2)``, ``G = sum_{i<K} tau^(-i/2)``; shape (K,).
+    Equals ``gau_lrq_dynamic_z(...) * S2 / sqrt(B)``; ``tau = 1`` gives :func:`paper_sigma_gau_lrq`.
+    """
+    z = gau_lrq_dynamic_z(epsilon, delta, num_rounds=num_rounds, B=B, N=N, tau=tau)
+    return z * check_positive("S2", S2) / math.sqrt(B)
+
+
+def gau_lrq_dynamic_round_epsilons(epsilon: float, *, num_rounds: int, tau: float) -> np.ndarray:
+    """Per-round budgets of the dynamic scheme, ``eps_k = eps tau^(-k/4) / sqrt(G)`` (sum of squares = eps^2)."""
+    epsilon = check_epsilon(epsilon)
+    K = check_int("num_rounds", num_rounds, minimum=1)
+    tau = check_positive("tau", tau)
+    G = float(np.sum(tau ** (-np.arange(K) / 2)))
+    return epsilon * tau ** (-np.arange(K) / 4) / math.sqrt(G)
