@@ -9,6 +9,7 @@
 
 from flower_dp.mechanisms import lrq
 from flower_dp.mechanisms.clipping import ClipStats, batch_gradient, check_no_batchnorm, per_sample_clipped_grad_sum
+from flower_dp.mechanisms.ghost_clipping import GHOST_SUPPORTED_LAYERS, check_ghost_supported, ghost_clipped_grad_sum
 from flower_dp.mechanisms.compressors import (
     COMPRESSORS,
     GSGD,
@@ -51,6 +52,9 @@ __all__ = [
     "per_sample_clipped_grad_sum",
     "batch_gradient",
     "check_no_batchnorm",
+    "ghost_clipped_grad_sum",
+    "check_ghost_supported",
+    "GHOST_SUPPORTED_LAYERS",
     "gaussian_noise",
     "laplace_noise",
     "Compressor",

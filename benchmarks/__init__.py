@@ -1,0 +1,207 @@
+"""flower-dp benchmark suite: ``python -m benchmarks [--quick] [--out FILE]`` or ``flower-dp bench``.
+
+Each headline figure is a ratio against a yardstick measured in the same run (side by side
+where possible), plus the absolute numbers, the machine, thread counts and versions.  On a
+shared machine absolute times are noisy; the ratios are what to compare.
+
+| key | figure | yardstick |
+|---|---|---|
+| ``private_step_ratio_{cnn,mlp}_b64`` | DP step with the fast (ghost) clipping path | non-private step |
+| ``engine_overhead_ratio`` | Ray host-actor segment, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
+| ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
+| ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
+| ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
+| ``wire_ratio`` | bytes of an LRQ upload as a Flower record | algorithmic bits / 8 |
+| ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale) | |
+
+A benchmark whose code under test does not exist yet reports ``null`` with a ``missing`` note.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["BENCHMARKS", "REQUIRED_KEYS", "run_suite", "format_table", "main"]
+
+#: Benchmarks in run order.
+BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale")
+
+REQUIRED_KEYS = (
+    "private_step_ratio_cnn_b64",
+    "private_step_ratio_mlp_b64",
+    "engine_overhead_ratio",
+    "accounting_seconds_3000",
+    "accounting_eps_rel_diff",
+    "lrq_codec_ratio",
+    "wire_ratio",
+    "max_nodes_flower_cnn",
+    "max_nodes_inprocess_mlp",
+    "machine",
+    "versions",
+)
+
+
+def _get(d, *path):
+    for p in path:
+        if not isinstance(d, dict) or d.get(p) is None:
+            return None
+        d = d[p]
+    return d
+
+
+def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
+    from . import accounting, engine, lrq_codec, private_step
+
+    fns = {
+        "private_step": lambda: private_step.run(quick),
+        "engine_overhead": lambda: engine.run_overhead(quick, skip_ray=skip_ray),
+        "accounting": lambda: accounting.run(quick),
+        "lrq_codec": lambda: lrq_codec.run_codec(quick),
+        "wire": lambda: lrq_codec.run_wire(quick),
+        "scale": lambda: engine.run_scale(quick, skip_ray=skip_ray),
+    }
+    t0 = time.perf_counter()
+    try:
+        out = fns[name]()
+    except Exception as exc:  # noqa: BLE001 -- one failing benchmark must not lose the others
+        out = {"value": None, "note": f"failed: {type(exc).__name__}: {exc}"}
+    out["wall_s"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_ray: bool = False,
+              threads: int = 1, log=print) -> dict:
+    """Run the benchmarks and return the result document (see the module table for its keys).
+
+    Parameters
+    ----------
+    quick : bool
+        Tiny sizes (smoke test, seconds); the figures are then not meaningful.
+    only : tuple of str, optional
+        Subset of :data:`BENCHMARKS`; the others are reported as not run.
+    skip_ray : bool
+        Do not start Ray (engine overhead and Ray scale become null).
+    threads : int
+        ``torch.set_num_threads`` for the whole run (1: stable on a shared machine).
+    """
+    import torch
+
+    from ._common import machine_info, versions
+
+    torch.set_num_threads(int(threads))
+    chosen = tuple(only) if only else BENCHMARKS
+    unknown = sorted(set(chosen) - set(BENCHMARKS))
+    if unknown:
+        raise ValueError(f"unknown benchmark(s) {unknown}; valid choices are {list(BENCHMARKS)}")
+    t0 = time.perf_counter()
+    details: dict = {}
+    for name in BENCHMARKS:
+        if name not in chosen:
+            details[name] = {"value": None, "note": "not run (--only)"}
+            continue
+        log(f"[bench] {name} ...", file=sys.stderr) if log is print else log(f"[bench] {name} ...")
+        details[name] = _run_one(name, quick, skip_ray)
+    doc = {
+        "private_step_ratio_cnn_b64": _get(details, "private_step", "cases", "cnn_b64", "ratio_fast"),
+        "private_step_ratio_mlp_b64": _get(details, "private_step", "cases", "mlp_b64", "ratio_fast"),
+        "private_step_ratio_cnn_b64_vmap": _get(details, "private_step", "cases", "cnn_b64", "ratio_vmap"),
+        "private_step_ratio_mlp_b64_vmap": _get(details, "private_step", "cases", "mlp_b64", "ratio_vmap"),
+        "engine_overhead_ratio": _get(details, "engine_overhead", "value"),
+        "accounting_seconds_3000": None if quick else _get(details, "accounting", "seconds_bucketed"),
+        "accounting_eps_rel_diff": _get(details, "accounting", "eps_rel_diff"),
+        "lrq_codec_ratio": _get(details, "lrq_codec", "ratio"),
+        "wire_ratio": _get(details, "wire", "ratio"),
+        "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
+        "max_nodes_inprocess_mlp": _get(details, "scale", "max_nodes_inprocess_mlp"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "threads": {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads(),
+                    "cpu_count": os.cpu_count()},
+        "quick": bool(quick),
+        "command": "python -m benchmarks" + (" --quick" if quick else "") + (" --skip-ray" if skip_ray else "")
+        + (f" --only {' '.join(chosen)}" if only else ""),
+        "total_wall_s": None,
+        "details": details,
+    }
+    if quick:
+        doc["accounting_seconds_quick"] = _get(details, "accounting", "seconds_bucketed")
+    doc["total_wall_s"] = round(time.perf_counter() - t0, 1)
+    return doc
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def format_table(doc: dict) -> str:
+    """A plain-text table of the headline figures (the JSON holds the rest)."""
+    ps = _get(doc, "details", "private_step", "cases") or {}
+    rows = [("figure", "value", "absolute / note")]
+    for case, r in ps.items():
+        rows.append((f"private step {case} fast/np", _fmt(r["ratio_fast"]),
+                     f"np {r['nonprivate_ms']:.3g} ms, fast {r['dp_fast_ms']:.3g} ms, vmap {r['dp_vmap_ms']:.3g} ms "
+                     f"({r['ratio_vmap']:.3g}x)"))
+    eo = _get(doc, "details", "engine_overhead") or {}
+    rows.append(("engine overhead ray/inproc", _fmt(doc["engine_overhead_ratio"]),
+                 eo.get("note") or f"ray {eo.get('ray_segment_s')} s vs in-process {eo.get('inprocess_s')} s"))
+    ac = _get(doc, "details", "accounting") or {}
+    rows.append((f"accounting {ac.get('steps')} steps (s)", _fmt(ac.get("seconds_bucketed")), ac.get("note", "")))
+    rows.append(("accounting eps rel diff", _fmt(doc["accounting_eps_rel_diff"]),
+                 f"bucketed {_fmt(ac.get('ref_eps_bucketed'))} vs exact {_fmt(ac.get('ref_eps_unbucketed'))}"))
+    lc = _get(doc, "details", "lrq_codec") or {}
+    rows.append(("LRQ codec / draws", _fmt(doc["lrq_codec_ratio"]),
+                 lc.get("note") or f"d={lc.get('d')}: {lc.get('encode_decode_s')} s vs {lc.get('draw_only_s')} s"))
+    wr = _get(doc, "details", "wire") or {}
+    rows.append(("LRQ wire / algorithmic", _fmt(doc["wire_ratio"]),
+                 f"{wr.get('wire_bytes')} B vs {wr.get('algorithmic_bytes')} B ({wr.get('m_dtype')})"))
+    sc = _get(doc, "details", "scale") or {}
+    im = sc.get("inprocess_mlp") or {}
+    rows.append(("max nodes in-process MLP", _fmt(doc["max_nodes_inprocess_mlp"]),
+                 f"{im.get('node_iterations_per_s')} node-it/s, {im.get('rss_mb_per_node')} MB/node"))
+    rows.append(("max nodes Ray CNN", _fmt(doc["max_nodes_flower_cnn"]),
+                 json.dumps({k: (v.get("node_iterations_per_s") if isinstance(v, dict) else v)
+                             for k, v in (sc.get("ray_cnn") or {}).items()})))
+    w = [max(len(str(r[i])) for r in rows) for i in range(2)]
+    lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]}" for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    lines.append(f"machine: {doc['machine']}; threads {doc['threads']}; total {doc['total_wall_s']} s")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m benchmarks [--quick] [--out FILE] [--only NAME ...] [--skip-ray]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+def add_arguments(parser) -> None:
+    """The suite's options (shared with ``flower-dp bench``)."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test in well under a minute")
+    parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, default=None, help="run only these benchmarks")
+    parser.add_argument("--skip-ray", action="store_true", help="do not start Ray (Ray figures become null)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+
+
+def run_from_args(args) -> int:
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    doc = run_suite(quick=args.quick, only=tuple(args.only) if args.only else None, skip_ray=args.skip_ray,
+                    threads=args.threads)
+    print(format_table(doc))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+        print(f"wrote {args.out}")
+    return 0

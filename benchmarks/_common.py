@@ -1,0 +1,112 @@
+"""Shared helpers of the benchmark suite: interleaved timing, machine description, versions.
+
+Every figure of the suite is a ratio against a yardstick measured in the same run, side by
+side (interleaved repeats, median), so that load from other processes on a shared machine
+cancels out as far as possible.  Absolute numbers are reported too, but only ratios compare.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+__all__ = ["interleaved_times", "interleaved_medians", "machine_info", "versions", "rss_mb", "missing", "timed"]
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
+    """Median seconds per call of each callable (see :func:`interleaved_times`)."""
+    return {k: statistics.median(v) for k, v in interleaved_times(fns, repeats, warmup).items()}
+
+
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+    """Wall times (seconds) of each zero-argument callable, timed in round-robin order.
+
+    Parameters
+    ----------
+    fns : dict name -> callable
+        Each call is one unit of work (e.g. one training step).
+    repeats : int
+        Timed calls per callable; each round calls every callable once, in order.
+    warmup : int
+        Untimed rounds first (allocator, lazy init, caches).
+
+    Returns
+    -------
+    dict name -> list of float
+        Seconds of each timed call.
+    """
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def timed(fn: Callable[[], object]) -> tuple[object, float]:
+    """Run ``fn`` once; returns (result, seconds)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def rss_mb() -> float:
+    """Peak resident set size of this process so far, in MiB (Linux ``ru_maxrss`` is KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def current_rss_mb() -> float:
+    """Current resident set size in MiB (from /proc; falls back to the peak)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            pages = int(fh.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return rss_mb()
+
+
+def machine_info() -> str:
+    """One line: CPU model, logical cores, load average, OS."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = "load avg %.1f/%.1f/%.1f" % os.getloadavg()
+    except OSError:
+        load = "load avg n/a"
+    return f"{cpu}; {os.cpu_count()} logical cores; {load}; {platform.system()} {platform.release()}"
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of the libraries the figures depend on (absent ones omitted)."""
+    out = {"python": sys.version.split()[0]}
+    for mod in ("torch", "numpy", "scipy", "flwr", "ray", "dp_accounting", "flower_dp"):
+        try:
+            m = __import__(mod)
+            out[mod] = str(getattr(m, "__version__", "unknown"))
+        except Exception:  # noqa: BLE001 -- a missing optional library is just not listed
+            continue
+    return out
+
+
+def missing(what: str, exc: BaseException | None = None) -> dict:
+    """The entry for a benchmark whose code under test does not exist (yet)."""
+    note = f"missing: {what}"
+    if exc is not None:
+        note += f" ({type(exc).__name__}: {exc})"
+    return {"value": None, "note": note}

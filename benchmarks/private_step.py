@@ -1,0 +1,143 @@
+"""Private step cost: one DP-SGD step / one non-private step, same model, batch and optimizer.
+
+DP step = per-sample clipped gradient sum (vmap reference, or the ghost/book-keeping fast
+path) + Gaussian noise on the sum + divide by the batch size + SGD step.  Non-private step =
+``zero_grad; cross_entropy(model(x), y).backward(); opt.step()``.  All variants are timed
+interleaved in one loop (see ``_common.interleaved_medians``).  Opacus is not installed in
+this environment, so it is not measured (the JSON says so).
+
+The optimizer runs with learning rate 0: every repeat does the same arithmetic at the
+initial point.  (Training on one fixed batch for hundreds of repeats drives the gradients
+into denormal floats, which made timings data-dependent by up to 8x.)
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+import statistics
+
+from ._common import interleaved_times
+
+__all__ = ["run", "make_steps", "profile_fast_step"]
+
+MODELS = {"cnn": "shallow_cnn", "mlp": "mlp_2layer"}
+
+
+def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0, noise_multiplier: float = 1.0):
+    """Step callables on private copies of one model: non-private, DP vmap, DP fast, and the parts
+    (noise alone, fast clipping alone) for the breakdown."""
+    from flower_dp.mechanisms.clipping import per_sample_clipped_grad_sum
+    from flower_dp.mechanisms.ghost_clipping import ghost_clipped_grad_sum
+    from flower_dp.mechanisms.noise import gaussian_noise
+    from flower_dp.models import build_model
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (batch,), generator=g)
+
+    def nonprivate():
+        model = build_model(model_name, seed=seed)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the update is computed but parameters stay put: identical work per repeat
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        return step
+
+    def private(clip_fn):
+        model = build_model(model_name, seed=seed)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.SGD(params, lr=0.0)  # the update is computed but parameters stay put: identical work per repeat
+        d = sum(p.numel() for p in params)
+        noise_gen = torch.Generator().manual_seed(seed + 1)
+
+        def step():
+            gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
+            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_gen)).div_(batch)
+            start = 0
+            for p in params:
+                p.grad = gsum[start : start + p.numel()].view_as(p)
+                start += p.numel()
+            opt.step()
+
+        return step
+
+    model = build_model(model_name, seed=seed)
+    d = sum(p.numel() for p in model.parameters())
+    gen = torch.Generator().manual_seed(seed + 2)
+    return {
+        "noise": lambda: gaussian_noise(d, noise_multiplier * clip, gen),
+        "clip_fast_only": lambda: ghost_clipped_grad_sum(model, F.cross_entropy, x, y, clip),
+        "nonprivate": nonprivate(),
+        "dp_vmap": private(per_sample_clipped_grad_sum),
+        "dp_fast": private(ghost_clipped_grad_sum),
+    }
+
+
+def profile_fast_step(model_name: str, batch: int, repeats: int) -> dict[str, float]:
+    """Where the fast DP step's time goes: mean ms per stage (forward+per-sample loss, backward
+    to layer outputs, norms, clipped sums, noise, optimizer), measured with torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = make_steps(model_name, batch)
+    fast = steps["dp_fast"]
+    for _ in range(2):
+        fast()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fast()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:8]
+    return {e.key: round(e.self_cpu_time_total / 1e3 / repeats, 4) for e in rows}
+
+
+def run(quick: bool = False) -> dict:
+    """Measure the private-step ratios; returns a dict of results (ratios and absolute ms).
+
+    ``*_ms`` and ``ratio_*`` use the minimum over repeats, ``median_*`` the median."""
+    batches = (64,) if quick else (32, 64)
+    repeats = 3 if quick else 40
+    out: dict = {"opacus": "not installed in this environment; not measured", "threads": torch.get_num_threads()}
+    table = {}
+    for short, name in MODELS.items():
+        for b in batches:
+            steps = make_steps(name, b)
+            t0 = time.perf_counter()
+            # two loops: the vmap path allocates B*d per-sample gradients (26 MB for the MLP at B = 64)
+            # and leaves the caches cold for whatever runs next, so it is timed apart, with its own yardstick
+            fast = {k: steps[k] for k in ("nonprivate", "dp_fast", "noise", "clip_fast_only")}
+            times = interleaved_times(fast, repeats=repeats)
+            tv = interleaved_times({"nonprivate_v": steps["nonprivate"], "dp_vmap": steps["dp_vmap"]},
+                                   repeats=max(3, repeats // 2))
+            times.update(tv)
+            # min of repeats: the least-disturbed run of each step (timeit's advice on a shared machine);
+            # medians are kept beside it
+            med = {k: min(v) for k, v in times.items()}
+            mdn = {k: statistics.median(v) for k, v in times.items()}
+            base = med["nonprivate"]
+            table[f"{short}_b{b}"] = {
+                "median_ratio_vmap": round(mdn["dp_vmap"] / mdn["nonprivate_v"], 3),
+                "median_ratio_fast": round(mdn["dp_fast"] / mdn["nonprivate"], 3),
+                "median_nonprivate_ms": round(mdn["nonprivate"] * 1e3, 4),
+                "nonprivate_ms": round(base * 1e3, 4),
+                "dp_vmap_ms": round(med["dp_vmap"] * 1e3, 4),
+                "dp_fast_ms": round(med["dp_fast"] * 1e3, 4),
+                "ratio_vmap": round(med["dp_vmap"] / med["nonprivate_v"], 3),
+                "ratio_fast": round(med["dp_fast"] / base, 3),
+                "noise_ms": round(med["noise"] * 1e3, 4),
+                "clip_fast_only_ms": round(med["clip_fast_only"] * 1e3, 4),
+                "ratio_fast_without_noise": round((med["dp_fast"] - med["noise"]) / base, 3),
+                "wall_s": round(time.perf_counter() - t0, 2),
+            }
+    out["cases"] = table
+    if not quick:
+        out["profile_fast_ms_per_step"] = {
+            "cnn_b64": profile_fast_step("shallow_cnn", 64, 10),
+            "mlp_b64": profile_fast_step("mlp_2layer", 64, 20),
+        }
+    return out

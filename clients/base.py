@@ -1,0 +1,381 @@
+"""The push-sum node base class, the per-algorithm Plan, and the shared node stages.
+
+COMMON.md section 2: a node is driven by ``flower_dp.gossip`` through ``setup()``,
+``contribute(k)``, ``local_step(k, reduced)`` and ``mix(inbox)``.  This module holds what
+every algorithm shares: the flat state ``(x, w)``, Poisson sampling keyed by
+``(seed, node, "data", k)``, the gradient stages (batch mean dividing by the *expected*
+batch size B), sender-scaled shares, the push-sum mix, the privacy ledger and
+checkpointing.  Each algorithm module adds only its update rule.
+
+Nothing here imports Flower: the in-process runner uses these nodes too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from flower_dp.errors import ConfigError, NonFiniteError
+from flower_dp.gossip import Contribution, Share
+from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_grad_sum
+from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_clipped_grad_sum
+from flower_dp.mechanisms.flat import flatten_params
+from flower_dp.privacy.accountant import NodeAccountant
+from flower_dp.mechanisms.noise import gaussian_noise
+from flower_dp.rng import numpy_rng
+from flower_dp.rng import torch_generator
+
+__all__ = ["Plan", "PushSumNode", "validate_params", "FLOAT_BITS", "torch_generator"]
+
+
+#: Bits per float32 on the wire (COMMON.md 5.10 cost model).
+FLOAT_BITS = 32
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided once at config time for one run of one algorithm (picklable).
+
+    Attributes
+    ----------
+    algorithm : str
+        Registry name (``"sgp"``, ``"dyn_d2p"``, ``"privsgp_vr"``, ...).
+    params : frozen dataclass
+        The validated hyperparameters (fields named after the paper's symbols).
+    n_nodes, dim, seed : int
+        Network size, model dimension d (all trainable parameters), run seed.
+    samples_per_node : tuple of int
+        J_i, local dataset size per node.
+    num_iters : int
+        K actually run (after K* or a budget truncation).
+    num_iters_requested : int
+        K asked for in the config.
+    q : tuple of float, per node
+        Sampling rate charged to the accountant (B/J, or b/J for blocks).
+    clip : tuple of ndarray (K,), per node
+        Per-iteration clip bound (L2 per sample, or L1 for DPPS); ``inf`` = no clipping.
+    noise_std : tuple of ndarray (K,), per node
+        Gaussian std per coordinate on the *batch-mean* gradient (0 = no noise).  DPPS: zeros
+        (its Laplace scale is data dependent, ``gamma_n S / b``).
+    nu : tuple of ndarray (K,), per node
+        Noise multiplier charged per step: Gaussian std / (clip / B), or DPPS's Laplace ``gamma_n / b``.
+    eps_rigorous, eps_paper : tuple of float, per node
+        Rigorous (PLD/RDP) eps of the planned noise over ``num_iters`` and the paper formula's eps.
+    delta : float
+    accountant, adjacency : str
+    heuristic : bool
+        True where the sensitivity is estimated (DPPS family).
+    private : bool
+        False when nothing is charged (SGP, non-private baselines, ablations).
+    warnings : tuple of str
+    """
+
+    algorithm: str
+    params: Any
+    n_nodes: int
+    samples_per_node: tuple[int, ...]
+    num_iters: int
+    num_iters_requested: int
+    dim: int
+    seed: int
+    q: tuple[float, ...]
+    clip: tuple[np.ndarray, ...] = field(repr=False)
+    noise_std: tuple[np.ndarray, ...] = field(repr=False)
+    nu: tuple[np.ndarray, ...] = field(repr=False)
+    eps_rigorous: tuple[float, ...]
+    eps_paper: tuple[float, ...]
+    delta: float
+    accountant: str = "pld"
+    adjacency: str = "add_remove"
+    heuristic: bool = False
+    private: bool = True
+    warnings: tuple[str, ...] = ()
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-friendly description for the results file."""
+        p = {f.name: getattr(self.params, f.name) for f in fields(self.params)}
+        return {
+            "algorithm": self.algorithm,
+            "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()},
+            "n_nodes": self.n_nodes,
+            "num_iters": self.num_iters,
+            "num_iters_requested": self.num_iters_requested,
+            "dim": self.dim,
+            "seed": self.seed,
+            "q": list(self.q),
+            "eps_rigorous": list(self.eps_rigorous),
+            "eps_paper": list(self.eps_paper),
+            "delta": self.delta,
+            "accountant": self.accountant,
+            "adjacency": self.adjacency,
+            "heuristic": self.heuristic,
+            "private": self.private,
+            "noise_std_first_last": [[float(s[0]), float(s[-1])] if len(s) else [] for s in self.noise_std],
+            "warnings": list(self.warnings),
+        }
+
+
+def validate_params(cls: type, params: dict[str, Any], algorithm: str) -> Any:
+    """Build the frozen params dataclass ``cls`` from a plain dict, reporting every problem at once.
+
+    ``cls`` may define ``problems(self) -> list[str]`` for value checks.
+
+    Raises
+    ------
+    ConfigError
+        Listing every unknown key (with the valid keys) and every bad value.
+    """
+    if not isinstance(params, dict):
+        raise ConfigError(f"params for {algorithm!r} must be a dict, got {type(params).__name__}")
+    valid = [f.name for f in fields(cls)]
+    problems = [
+        f"unknown parameter {key!r} for algorithm {algorithm!r}; valid keys are {valid}" for key in params if key not in valid
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems), problems)
+    try:
+        obj = cls(**params)
+    except (TypeError, ValueError) as exc:  # a missing required key or a bad type
+        raise ConfigError(f"bad parameters for {algorithm!r}: {exc}") from exc
+    problems = list(obj.problems()) if hasattr(obj, "problems") else []
+    if problems:
+        raise ConfigError(f"bad parameters for {algorithm!r}: " + "; ".join(problems), problems)
+    return obj
+
+
+class PushSumNode:
+    """One push-sum node: flat numerator ``x`` (float32), scalar weight ``w``, de-biased ``z = x / w``.
+
+    Subclasses implement :meth:`local_step` (and override :meth:`setup`, :meth:`contribute`,
+    :meth:`mix` where the algorithm needs it).  The model is only an architecture: its
+    parameters are never read after construction except through the flat state.
+
+    Parameters
+    ----------
+    plan : Plan
+    node_id : int
+    topology : flower_dp.topology.Topology
+        ``P^k[receiver, sender]``, column-stochastic; the node reads its own column.
+    model : nn.Module
+        Owned by the node; its initial parameters give ``x^0`` (identical across nodes when
+        built from the same seed).
+    loss_fn : callable ``(output, y) -> scalar``, mean-reducing.
+    data_x, data_y : Tensor, shape (J, ...)
+        The node's local dataset.
+    device : str
+    """
+
+    def __init__(self, plan: Plan, *, node_id: int, topology, model: nn.Module, loss_fn, data_x, data_y,
+                 device: str = "cpu") -> None:
+        if not 0 <= int(node_id) < plan.n_nodes:
+            raise ValueError(f"node_id must be in [0, {plan.n_nodes}), got {node_id}")
+        if topology.n != plan.n_nodes:
+            raise ValueError(f"topology has {topology.n} nodes but the plan has {plan.n_nodes}, got a mismatch; "
+                             "build both with the same n_nodes")
+        if len(data_x) != len(data_y):
+            raise ValueError(f"data_x and data_y must have the same length, got {len(data_x)} and {len(data_y)}")
+        self.plan = plan
+        self.params = plan.params
+        self.node_id = int(node_id)
+        self.topology = topology
+        self.device = device
+        self.model = model.to(device)
+        self.loss_fn = loss_fn
+        self.data_x = data_x.to(device)
+        self.data_y = data_y.to(device)
+        self.J = len(data_x)
+        self.x = flatten_params(self.model).to(device=device, dtype=torch.float32)
+        self.w = 1.0
+        self.accountant = NodeAccountant(plan.accountant, plan.adjacency)
+        self._metrics: dict[str, float] = {}
+        self._bits_sent = 0
+
+    # ----------------------------------------------------------------- interface
+    def setup(self) -> None:
+        """Local one-off initialisation before k = 0 (default: nothing)."""
+
+    def contribute(self, k: int) -> dict[str, Contribution] | None:
+        """Values for a network-wide reduction before ``local_step`` (default: none)."""
+        return None
+
+    def local_step(self, k: int, reduced: dict | None = None) -> list[Share]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def mix(self, inbox: list[Share]) -> None:
+        """Push-sum combine: ``x = sum of x-shares``, ``w = sum of weights`` (inbox in sender order)."""
+        self.x = _sum_tensor(inbox, "x", self.x)
+        self.w = float(sum(s.weight for s in inbox))
+
+    # ----------------------------------------------------------------- views
+    def z(self) -> torch.Tensor:
+        """De-biased parameters ``x / w`` (a new tensor, shape (d,))."""
+        return self.x / self.w
+
+    def eval_params(self) -> torch.Tensor:
+        """The flat vector to evaluate (default: ``z``)."""
+        return self.z()
+
+    def last_metrics(self) -> dict[str, float]:
+        """Metrics of the last ``local_step`` (loss, clip_fraction, noise_std, bits_sent, ...)."""
+        return dict(self._metrics)
+
+    def privacy_report(self) -> dict[str, Any]:
+        """Per-node privacy: rigorous eps of the noise actually charged so far, and the plan's numbers."""
+        plan, i = self.plan, self.node_id
+        charged = self.accountant.steps_charged
+        eps = self.accountant.epsilon(plan.delta) if (plan.private and charged) else (
+            0.0 if plan.private else float("inf"))
+        return {
+            "eps_rigorous": float(eps),
+            "eps_rigorous_planned": float(plan.eps_rigorous[i]),
+            "eps_paper": float(plan.eps_paper[i]),
+            "delta": plan.delta,
+            "accountant": plan.accountant,
+            "adjacency": plan.adjacency,
+            "heuristic": plan.heuristic,
+            "steps_charged": int(charged),
+        }
+
+    # ----------------------------------------------------------------- checkpoint
+    def _extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit-exactly (RNG streams are keyed by k, so none is stored)."""
+        return {
+            "node_id": self.node_id,
+            "algorithm": self.plan.algorithm,
+            "x": self.x.detach().cpu().clone(),
+            "w": self.w,
+            "bits_sent": self._bits_sent,
+            "accountant": self.accountant.state_dict(),
+            "extra": self._extra_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (same plan and node)."""
+        if state.get("algorithm") != self.plan.algorithm or state.get("node_id") != self.node_id:
+            raise ValueError(
+                f"cannot load a state of algorithm {state.get('algorithm')!r} node {state.get('node_id')} into "
+                f"{self.plan.algorithm!r} node {self.node_id}, got a mismatch; resume with the same config"
+            )
+        self.x = state["x"].to(self.device, torch.float32).clone()
+        self.w = float(state["w"])
+        self._bits_sent = int(state["bits_sent"])
+        self.accountant.load_state_dict(state["accountant"])
+        self._load_extra_state(state["extra"])
+
+    # ----------------------------------------------------------------- shared stages
+    def sample_poisson(self, k: int, batch_size: int) -> torch.Tensor:
+        """Poisson batch: each local sample kept independently w.p. ``q = B/J`` (stream (seed, node, data, k))."""
+        q = min(1.0, batch_size / self.J)
+        rng = numpy_rng(self.plan.seed, self.node_id, "data", k)
+        return torch.as_tensor(np.flatnonzero(rng.random(self.J) < q), dtype=torch.long)
+
+    @property
+    def _clipped_sum(self):
+        """Per-sample clipping: the ghost-norm path (no per-sample gradients materialised, 1.3-2x a
+        non-private step) when every layer supports it, else the torch.func vmap reference."""
+        fn = getattr(self, "_clip_impl", None)
+        if fn is None:
+            try:
+                check_ghost_supported(self.model)
+                fn = ghost_clipped_grad_sum
+            except (NotImplementedError, ValueError):
+                fn = per_sample_clipped_grad_sum
+            self._clip_impl = fn
+        return fn
+
+    def grad_mean(self, params: torch.Tensor, idx: torch.Tensor, batch_size: int, clip: float, k: int):
+        """``(1/B) sum_{s in batch} clipL2_C(grad f(params; s))`` with B the *expected* batch size.
+
+        ``clip = inf`` uses one ordinary backward pass (the non-private path).
+
+        Returns
+        -------
+        g : Tensor (d,) float32
+        stats : dict with ``loss``, ``clip_fraction``, ``batch`` (realised size)
+        """
+        xb, yb = self.data_x[idx], self.data_y[idx]
+        m = len(idx)
+        try:
+            if math.isinf(clip):
+                g, loss = batch_gradient(self.model, self.loss_fn, xb, yb, params=params)
+                g = g * (m / batch_size)
+                stats = {"loss": loss, "clip_fraction": 0.0, "batch": float(m)}
+            else:
+                gsum, cs = self._clipped_sum(self.model, self.loss_fn, xb, yb, clip, params=params)
+                g = gsum / batch_size
+                stats = {"loss": cs.mean_loss, "clip_fraction": cs.clip_fraction, "batch": float(m),
+                         "grad_norm_mean": cs.mean_norm}
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"node {self.node_id} at k={k}: {exc}", node=self.node_id, step=k) from exc
+        return g.to(torch.float32), stats
+
+    def check_k(self, k: int) -> int:
+        """``k`` must index the plan's schedules: 0 <= k < num_iters."""
+        if not 0 <= int(k) < self.plan.num_iters:
+            raise ValueError(f"node {self.node_id}: iteration k must be in [0, {self.plan.num_iters}) (the plan's K), "
+                             f"got {k}; prepare the plan with more num_iters")
+        return int(k)
+
+    def check_finite_(self, vec: torch.Tensor, what: str, k: int) -> None:
+        """Raise :class:`NonFiniteError` naming node and k when ``vec`` has NaN/inf."""
+        if not bool(torch.isfinite(vec).all()):
+            bad = int((~torch.isfinite(vec)).sum())
+            raise NonFiniteError(
+                f"node {self.node_id} at k={k}: {what} has {bad} non-finite entries of {vec.numel()}, got NaN/inf; "
+                "lower the learning rate or the noise", node=self.node_id, step=k)
+
+    def push_shares(self, k: int, tensors: dict[str, torch.Tensor], weight: float | None,
+                    payload_bits: int, weights: dict[int, float] | None = None) -> list[Share]:
+        """Sender-scaled shares for the out-neighbours plus self (COMMON.md 2.1).
+
+        ``payload_bits`` is the cost of the tensors of one message; the push-sum weight adds
+        32 bits when present; the self-share costs 0.
+        """
+        sw = self.topology.send_weights(self.node_id, k) if weights is None else weights
+        bits_msg = payload_bits + (FLOAT_BITS if weight is not None else 0)
+        out = []
+        for r in sorted(sw):
+            p = sw[r]
+            out.append(Share(
+                sender=self.node_id, receiver=r, k=k,
+                tensors={name: t * p for name, t in tensors.items()},
+                weight=None if weight is None else p * weight,
+                wire_bits=0 if r == self.node_id else bits_msg,
+            ))
+        sent = sum(s.wire_bits for s in out)
+        self._bits_sent += sent
+        self._metrics["bits_sent"] = float(sent)
+        self._metrics["bits_sent_total"] = float(self._bits_sent)
+        return out
+
+    def gaussian(self, k: int, std: float, d: int) -> torch.Tensor:
+        """``N(0, std^2 I_d)`` from the stream (seed, node, "noise", k); zeros (no draw) when std == 0."""
+        gen = torch_generator(self.plan.seed, self.node_id, "noise", k, device=self.device) if std > 0 else None
+        return gaussian_noise(d, std, gen, dtype=torch.float32, device=self.device)
+
+    def charge_gaussian(self, k: int) -> None:
+        """Charge one Poisson-subsampled Gaussian step of the plan (at the line that draws the noise)."""
+        nu = float(self.plan.nu[self.node_id][k])
+        if self.plan.private and nu > 0 and math.isfinite(nu):
+            self.accountant.charge_gaussian(q=self.plan.q[self.node_id], nu=nu)
+
+
+def _sum_tensor(inbox: list[Share], name: str, like: torch.Tensor) -> torch.Tensor:
+    """Sum of ``share.tensors[name]`` in inbox order (sender order: bitwise reproducible)."""
+    if not inbox:
+        raise ValueError("empty inbox, got no shares; every node receives at least its self-share")
+    total = inbox[0].tensors[name].clone()
+    for s in inbox[1:]:
+        total += s.tensors[name]
+    return total.to(like.dtype)

@@ -1,0 +1,174 @@
+"""Client side of Gau-LRQ as a Flower mod: the user's training code does not change.
+
+Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1 client lines), §2.3-2.4 (shared randomness, trust).
+The mod wraps ``call_next``: it remembers the weights the server sent, lets the user's ClientApp
+train, takes ``Delta = theta_{k,Q} - theta_k`` (flattened in the ArrayRecord's key order), clips it
+to S2 (Eq. 10), encodes it with the method the server asked for (LRQ: Eq. 11, stream keyed by
+(run secret, round, partition id)) and replaces the reply's weights by the bit-packed integer
+message plus its public metadata.  Only :class:`flower_dp.strategies.gau_lrq.GauLRQ` can read it.
+
+Shared secret and trust model (§2.3-2.4)
+---------------------------------------
+The server is trusted: it holds the run secret and decodes each client's update.  Client and
+server share a run secret ``S`` (>= 16 bytes); client ``i``'s stream for round ``k`` is keyed by
+``lrq_key(run_key(S, nonce), k, i)`` (SHA-256, domain separated), ``i`` = ``node_config["partition-id"]``
+and ``nonce`` a public per-run value chosen by the server (two runs sharing S never reuse a stream).  The
+secret is read from, in this order: the ``secret_file`` given to :func:`make_gau_lrq_mod`, the
+run config key ``"lrq-secret-file"``, the environment variable ``FLOWER_DP_LRQ_SECRET_FILE``.
+Only the *path* ever appears in configs; the file content is never logged, sent or saved.
+Anyone holding ``S`` and a message ``m`` learns the clipped update exactly, so the uplink must be
+confidential (TLS) and ``S`` must stay between the server and the clients.  In this simulation
+set-up every client can derive every other client's key; in a deployment provision one
+``client_seed[i]`` per client instead (the same functions work with ``S`` = that seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord
+from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
+
+from flower_dp.mechanisms.lrq import lrq_key
+from flower_dp.strategies.baselines import RoundSpec, encode_update
+
+__all__ = ["run_key", "gau_lrq_mod", "make_gau_lrq_mod", "make_lrq_client_app", "load_secret", "KEYS",
+           "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG"]
+
+#: ConfigRecord keys the server sends (public values only).
+KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
+        "clip": "gau-lrq.clip", "bq_bits": "gau-lrq.bq-bits", "layer_dtype": "gau-lrq.layer-dtype",
+        "nonce": "gau-lrq.stream-nonce"}
+PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
+META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
+SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
+SECRET_RUN_CONFIG = "lrq-secret-file"
+_MOD = "gau_lrq_mod"
+
+
+def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
+                context: Context | None = None) -> bytes:
+    """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config or the env var.
+
+    Raises ``ValueError`` naming the sources tried (never their content).
+    """
+    if secret is not None:
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise ValueError(f"secret must be bytes of length >= 16, got {type(secret).__name__} of length "
+                             f"{len(secret) if isinstance(secret, (bytes, str)) else '?'}; use secrets.token_bytes(32)")
+        return secret
+    path = secret_file
+    if path is None and context is not None:
+        path = context.run_config.get(SECRET_RUN_CONFIG) or None
+    if path is None:
+        path = os.environ.get(SECRET_ENV) or None
+    if path is None:
+        raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
+                         f"{SECRET_ENV}; write secrets.token_bytes(32) to a file readable by server and clients "
+                         "and point one of them at it")
+    data = Path(os.path.expanduser(str(path))).read_bytes()
+    if len(data) < 16:
+        raise ValueError(f"the LRQ secret file {path} must hold >= 16 bytes, got {len(data)}")
+    return data
+
+
+def run_key(secret: bytes, nonce: str) -> bytes:
+    """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
+    return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
+
+
+def _err(msg: Message, reason: str) -> Message:
+    return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=f"{_MOD}: {reason}"), reply_to=msg)
+
+
+def _spec_from(cfg) -> RoundSpec:
+    return RoundSpec(method=str(cfg[KEYS["method"]]), round_k=int(cfg[KEYS["round"]]), sigma=float(cfg[KEYS["sigma"]]),
+                     clip=float(cfg[KEYS["clip"]]), bq_bits=int(cfg.get(KEYS["bq_bits"], 4)),
+                     layer_dtype=str(cfg.get(KEYS["layer_dtype"], "float64")))
+
+
+def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: bytes | None = None):
+    """A Flower mod ``(msg, ctx, call_next) -> Message`` bound to a secret source (see module docstring)."""
+
+    def mod(msg: Message, ctx: Context, call_next) -> Message:
+        if msg.metadata.message_type != MessageType.TRAIN:
+            return call_next(msg, ctx)
+        if len(msg.content.array_records) != 1 or len(msg.content.config_records) != 1:
+            return _err(msg, f"expects exactly one ArrayRecord and one ConfigRecord in the train message, got "
+                        f"{len(msg.content.array_records)} and {len(msg.content.config_records)}; use the GauLRQ "
+                        "strategy in the ServerApp")
+        cfg = next(iter(msg.content.config_records.values()))
+        missing = [k for k in (KEYS["method"], KEYS["round"], KEYS["sigma"], KEYS["clip"], KEYS["nonce"]) if k not in cfg]
+        if missing:
+            return _err(msg, f"requires the keys {missing} in the ConfigRecord, got keys {sorted(cfg.keys())}; "
+                        "ensure the `GauLRQ` strategy is used in the ServerApp")
+        if "partition-id" not in ctx.node_config:
+            return _err(msg, f"requires node_config['partition-id'] (keys the client's stream), got keys "
+                        f"{sorted(ctx.node_config)}; set it in the SuperNode's --node-config")
+        try:
+            spec = _spec_from(cfg)
+            rk = run_key(load_secret(secret, secret_file, ctx), str(cfg[KEYS["nonce"]]))
+            key = lrq_key(rk, spec.round_k, int(ctx.node_config["partition-id"]))
+        except (ValueError, TypeError, OSError) as exc:
+            return _err(msg, f"cannot set up the encoder: {exc}")
+        sent = next(iter(msg.content.array_records.values()))
+        names = list(sent.keys())
+        theta_k = [a.numpy() for a in sent.values()]
+
+        out = call_next(msg, ctx)
+        if out.has_error():
+            return out
+        if len(out.content.array_records) != 1:
+            return _err(out, f"expects exactly one ArrayRecord in the ClientApp's reply, got "
+                        f"{len(out.content.array_records)}; return the trained weights only")
+        rkey, rec = next(iter(out.content.array_records.items()))
+        if list(rec.keys()) != names:
+            return _err(out, f"expects the reply's ArrayRecord keys to equal the received ones {names[:4]}..., got "
+                        f"{list(rec.keys())[:4]}...; return the model under the same keys")
+        new = [a.numpy() for a in rec.values()]
+        if any(n.shape != o.shape for n, o in zip(new, theta_k)):
+            return _err(out, "expects the reply's arrays to have the received shapes, got "
+                        f"{[n.shape for n in new]} for {[o.shape for o in theta_k]}")
+        delta = np.concatenate([(n.astype(np.float64) - o.astype(np.float64)).ravel() for n, o in zip(new, theta_k)])
+        if not np.all(np.isfinite(delta)):
+            return _err(out, f"the update has {int((~np.isfinite(delta)).sum())} non-finite entries; got a diverged "
+                        "local training (lower the learning rate)")
+        payload, meta, stats = encode_update(delta, spec, key)
+        del out.content.array_records[rkey]
+        out.content[PAYLOAD_KEY] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in payload.items()})
+        out.content[META_KEY] = ConfigRecord(meta)
+        if len(out.content.metric_records) == 0:
+            out.content["metrics"] = MetricRecord({})
+        mrec = next(iter(out.content.metric_records.values()))
+        mrec["partition-id"] = int(ctx.node_config["partition-id"])
+        for k, v in stats.items():
+            mrec[f"gau-lrq.{k}"] = float(v)
+        return out
+
+    mod.__name__ = _MOD
+    return mod
+
+
+#: The mod reading the secret from the run config / environment (see module docstring).
+gau_lrq_mod = make_gau_lrq_mod()
+
+
+def make_lrq_client_app(train_fn: Callable[[Message, Context], Message],
+                        evaluate_fn: Callable[[Message, Context], Message] | None = None,
+                        *, secret_file: str | os.PathLike | None = None) -> ClientApp:
+    """A ClientApp running the user's unchanged ``train_fn`` (and ``evaluate_fn``) under the Gau-LRQ mod.
+
+    ``train_fn(msg, ctx) -> Message`` is an ordinary Flower train function: it receives the global
+    weights (one ArrayRecord) and a ConfigRecord, and replies with the trained weights under the
+    same keys plus a MetricRecord (``num-examples``, ...).
+    """
+    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+    app.train()(train_fn)
+    if evaluate_fn is not None:
+        app.evaluate()(evaluate_fn)
+    return app

@@ -1,0 +1,191 @@
+"""The algorithm registry: plan once at config time, then build nodes.
+
+Contract with the runners (in-process, Ray, relay):
+
+``prepare(algorithm, params, *, n_nodes, samples_per_node, num_iters, dim, seed) -> Plan``
+    Validates ``params`` (unknown keys -> ConfigError listing all of them and the valid
+    ones), does the privacy calibration (schedules, sigma, K*, eps_rigorous / eps_paper per
+    node, warnings) and, when ``budget_epsilon`` is set, truncates K before the budget
+    would be exceeded (COMMON.md 2.3 "Budget hard stop": a pre-flight truncation).
+``topology_for(plan, base) -> Topology``
+    The topology the algorithm must run on (DPPS family: ``with_sync``; A(DP)2SGD: its
+    matchings; others: ``base``).  Use it for the nodes AND the backend's routing check.
+``make_node(plan, *, node_id, topology, model, loss_fn, data_x, data_y, device="cpu") -> PushSumNode``
+``ablate(plan, *, noise=True, clip=True) -> Plan``
+    The same plan with the noise and/or the clipping switched off (reductions to SGP, tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from flower_dp._checks import check_int
+from flower_dp.errors import ConfigError
+from flower_dp.privacy import PrivacyBudget, max_steps, rigorous_epsilon
+from flower_dp.privacy.accountant import GaussianStep, LaplaceStep
+
+from .base import Plan, PushSumNode, validate_params
+from .dp_csgp import DPCSGPNode, DPCSGPParams, prepare_dp_csgp
+from .dpps import DPPSNode, DPPSParams, PEDFLNode, PEDFLParams, prepare_dpps, prepare_pedfl
+from .dyn_d2p import DynD2PNode, DynD2PParams, prepare_dyn_d2p
+from .privsgp_vr import (
+    ADP2Node,
+    DP2SGDNode,
+    PrivSGPParams,
+    PrivSGPVRNode,
+    adp2_matching,
+    prepare_privsgp_family,
+)
+from .sgp import SGPNode, SGPParams, prepare_sgp
+
+__all__ = ["ALGORITHMS", "prepare", "make_node", "ablate", "topology_for", "param_names"]
+
+
+def _family(name: str):
+    return lambda p, **kw: prepare_privsgp_family(name, p, **kw)
+
+
+def _dpps(name: str):
+    return lambda p, **kw: prepare_dpps(name, p, **kw)
+
+
+#: name -> (params dataclass, prepare(params, **sizes) -> Plan, node class)
+ALGORITHMS: dict[str, tuple[type, Any, type]] = {
+    "sgp": (SGPParams, prepare_sgp, SGPNode),
+    "dyn_d2p": (DynD2PParams, prepare_dyn_d2p, DynD2PNode),
+    "privsgp_vr": (PrivSGPParams, _family("privsgp_vr"), PrivSGPVRNode),
+    "privsgp": (PrivSGPParams, _family("privsgp"), PrivSGPVRNode),
+    "dp2_sgd": (PrivSGPParams, _family("dp2_sgd"), DP2SGDNode),
+    "adp2_sgd": (PrivSGPParams, _family("adp2_sgd"), ADP2Node),
+    "dp_csgp": (DPCSGPParams, prepare_dp_csgp, DPCSGPNode),
+    "partpsp": (DPPSParams, _dpps("partpsp"), DPPSNode),
+    "sgpdp": (DPPSParams, _dpps("sgpdp"), DPPSNode),
+    "pedfl": (PEDFLParams, prepare_pedfl, PEDFLNode),
+}
+
+
+def param_names(algorithm: str) -> list[str]:
+    """The valid parameter keys of ``algorithm``."""
+    _check_algorithm(algorithm)
+    return [f.name for f in dataclasses.fields(ALGORITHMS[algorithm][0])]
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"unknown algorithm {algorithm!r}; valid choices are {sorted(ALGORITHMS)}")
+
+
+def _as_tuples(params: dict[str, Any]) -> dict[str, Any]:
+    """Lists become tuples so the params dataclass stays frozen and hashable."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+
+
+def prepare(
+    algorithm: str,
+    params: dict[str, Any],
+    *,
+    n_nodes: int,
+    samples_per_node: list[int],
+    num_iters: int,
+    dim: int,
+    seed: int,
+) -> Plan:
+    """Validate, calibrate and plan one run of ``algorithm`` (see the module docstring)."""
+    _check_algorithm(algorithm)
+    n_nodes = check_int("n_nodes", n_nodes, minimum=1)
+    num_iters = check_int("num_iters", num_iters, minimum=1)
+    dim = check_int("dim", dim, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    J = [check_int("samples_per_node[i]", j, minimum=1) for j in samples_per_node]
+    if len(J) != n_nodes:
+        raise ConfigError(f"samples_per_node must have n_nodes = {n_nodes} entries, got {len(J)}")
+    cls, prep, _ = ALGORITHMS[algorithm]
+    p = validate_params(cls, _as_tuples(dict(params)), algorithm)
+    plan = prep(p, n_nodes=n_nodes, samples_per_node=J, num_iters=num_iters, dim=dim, seed=seed)
+    budget = getattr(p, "budget_epsilon", None)
+    if budget is not None and plan.private:
+        plan = _truncate_to_budget(plan, float(budget))
+    return plan
+
+
+def _planned_steps(plan: Plan, i: int, K: int) -> list:
+    nu = plan.nu[i][:K]
+    if plan.heuristic:
+        return [LaplaceStep(float(v)) for v in nu]
+    return [GaussianStep(plan.q[i], float(v)) for v in nu]
+
+
+def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
+    """Largest K whose planned steps fit (budget_epsilon, delta) at every node (pre-flight hard stop)."""
+    budget = PrivacyBudget(budget_epsilon, plan.delta, plan.adjacency,
+                           "node_round" if plan.heuristic else "record")
+    K = plan.num_iters
+    cache: dict[tuple, int] = {}
+    for i in range(plan.n_nodes):
+        key = (plan.q[i], plan.nu[i].tobytes())
+        if key not in cache:
+            cache[key] = max_steps(_planned_steps(plan, i, K), budget, accountant=plan.accountant)
+        K = min(K, cache[key])
+    if K == plan.num_iters:
+        return plan
+    if K == 0:
+        raise ConfigError(f"budget_epsilon = {budget_epsilon} at delta = {plan.delta} does not cover even one "
+                          f"iteration of {plan.algorithm!r}, got K = 0; raise the budget or the noise")
+    eps = []
+    for i in range(plan.n_nodes):
+        eps.append(rigorous_epsilon(_planned_steps(plan, i, K), plan.delta, accountant=plan.accountant,
+                                    adjacency=plan.adjacency))
+    note = (f"budget hard stop: K truncated from {plan.num_iters} to {K} so that the rigorous eps stays <= "
+            f"{budget_epsilon} (delta = {plan.delta})")
+    return dataclasses.replace(
+        plan, num_iters=K, clip=tuple(c[:K] for c in plan.clip), noise_std=tuple(s[:K] for s in plan.noise_std),
+        nu=tuple(v[:K] for v in plan.nu), eps_rigorous=tuple(eps), warnings=plan.warnings + (note,))
+
+
+def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
+    """The plan with its noise (``noise=True``) and/or clipping (``clip=True``) switched off.
+
+    For reductions and tests (COMMON.md 5 invariant 5).  Without noise nothing is charged and
+    eps is reported as inf.  DPPS: noise off means gamma_n = 0.
+    """
+    K = plan.num_iters
+    changes: dict[str, Any] = {}
+    notes = []
+    if noise:
+        changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
+                       eps_rigorous=(math.inf,) * plan.n_nodes, eps_paper=(math.inf,) * plan.n_nodes, private=False)
+        if hasattr(plan.params, "gamma_n"):
+            changes["params"] = dataclasses.replace(plan.params, gamma_n=0.0)
+        notes.append("ablation: noise off (not private)")
+    if clip:
+        changes["clip"] = tuple(np.full(K, np.inf) for _ in plan.clip)
+        if hasattr(plan.params, "clip_l1"):
+            changes["params"] = dataclasses.replace(changes.get("params", plan.params), clip_l1=math.inf)
+        notes.append("ablation: clipping off")
+    return dataclasses.replace(plan, warnings=plan.warnings + tuple(notes), **changes)
+
+
+def topology_for(plan: Plan, base):
+    """The topology ``plan`` must run on, derived from the configured ``base`` topology."""
+    from flower_dp.topology import with_sync
+
+    if plan.algorithm in ("partpsp", "sgpdp", "pedfl"):
+        return with_sync(base, plan.params.sync_period)
+    if plan.algorithm == "adp2_sgd":
+        return adp2_matching(plan.n_nodes)
+    return base
+
+
+def make_node(plan: Plan, *, node_id: int, topology, model, loss_fn, data_x, data_y, device: str = "cpu") -> PushSumNode:
+    """Build node ``node_id`` of ``plan`` (its model, loss and local data are owned by the node)."""
+    _check_algorithm(plan.algorithm)
+    node_cls = ALGORITHMS[plan.algorithm][2]
+    if len(data_x) != plan.samples_per_node[node_id]:
+        raise ValueError(f"node {node_id} got {len(data_x)} samples but the plan was made for "
+                         f"{plan.samples_per_node[node_id]}; pass the same partition to prepare and make_node")
+    return node_cls(plan, node_id=node_id, topology=topology, model=model, loss_fn=loss_fn, data_x=data_x,
+                    data_y=data_y, device=device)

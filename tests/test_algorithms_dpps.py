@@ -1,0 +1,140 @@
+"""DPPS family (clients/dpps.py): sensitivity estimate vs real, partial sharing, reductions, accounting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from flower_dp.clients import registry
+from flower_dp.gossip import run_iteration
+from flower_dp.models import build_model, shared_parameter_names
+from flower_dp.topology import d_out, random_irregular
+from test_algorithms_common import cached_plan, logreg_data, make_nodes, run
+from test_algorithms_dyn_d2p import _gap
+
+torch.set_num_threads(1)
+
+
+def mlp_parts(n=5, J=40, seed=0):
+    """IID class-structured stand-in for MNIST: x = prototype[y] + noise in [0, 1]^784."""
+    g = torch.Generator().manual_seed(seed)
+    protos = torch.rand(10, 784, generator=g)
+    y = torch.randint(0, 10, (n * J,), generator=g)
+    x = (0.7 * protos[y] + 0.3 * torch.rand(n * J, 784, generator=g)).clamp(0, 1)
+    return [(x[i * J:(i + 1) * J], y[i * J:(i + 1) * J]) for i in range(n)]
+
+
+def mlp_nodes(split, params, n=5, K=10, structure="code10"):
+    base = d_out(n, 3)
+    parts = mlp_parts(n)
+    model_fn = lambda: build_model("partpsp_mlp", num_classes=10, seed=0, structure=structure)  # noqa: E731
+    plan = cached_plan("partpsp", dict(params, split=split), n_nodes=n, samples_per_node=[40] * n, num_iters=K,
+                       dim=24_324)
+    topo = registry.topology_for(plan, base)
+    nodes = [registry.make_node(plan, node_id=i, topology=topo, model=model_fn(),
+                                loss_fn=torch.nn.functional.cross_entropy, data_x=parts[i][0], data_y=parts[i][1])
+             for i in range(n)]
+    return topo, nodes
+
+
+MLP = dict(lr=0.1, lr_l=0.1, batch_size=10, gamma_n=1e-3, b=5.0, c_prime=0.78, lam=0.55, sync_period=5,
+           model_name="partpsp_mlp", measure_real=True)
+
+
+def test_estimated_sensitivity_bounds_the_real_one_on_the_mlp():
+    """dpps-partpsp.md 3.3 / Fig. 2 setting (b = 5, sync 5, C' = .78, lambda = .55), small scale: S >= S_real."""
+    topo, nodes = mlp_nodes("partpsp1", MLP, K=12)
+    for k in range(12):
+        log = run_iteration(nodes, k, receivers=topo.out_neighbors)
+        assert log.reduced["S"] >= log.reduced["S_real"] > 0, (k, log.reduced)
+        m = nodes[0].last_metrics()
+        assert m["sensitivity_est"] == log.reduced["S"] and m["sensitivity_real"] == log.reduced["S_real"]
+    assert all(nd.privacy_report()["heuristic"] for nd in nodes)
+
+
+@pytest.mark.parametrize("split,d_s", [("partpsp1", 7_850), ("partpsp2", 7_850 + 8_624)])
+def test_partial_sharing_sends_only_the_shared_parameters(split, d_s):
+    """4.3: PartPSP-1 shares l1 (7,850), PartPSP-2 shares l1 + l2 (16,474); the head stays local."""
+    topo, nodes = mlp_nodes(split, MLP, K=2, structure="code10" if split == "partpsp1" else "res784")
+    model = build_model("partpsp_mlp", num_classes=10)
+    assert set(shared_parameter_names("partpsp_mlp", split, model)) <= {n for n, _ in model.named_parameters()}
+    l_before = nodes[0].l.clone()
+    contribs = {nd.node_id: nd.contribute(0) for nd in nodes}
+    from flower_dp.gossip import reduce_contributions
+
+    reduced = reduce_contributions(contribs)
+    shares = nodes[0].local_step(0, reduced)
+    assert all(s.tensors["x"].shape == (d_s,) and s.weight is not None for s in shares)
+    assert all(s.wire_bits == 32 * (d_s + 1) for s in shares if s.receiver != 0)
+    assert not torch.equal(nodes[0].l, l_before) and nodes[0].l.numel() == 24_324 - d_s
+    assert nodes[0].eval_params().numel() == 24_324
+
+
+def test_sgpdp_without_noise_reduces_to_sgp():
+    """COMMON.md 5.5: SGPDP with gamma_n = 0, d_s = d, sync_period = 0 == SGP (same seeds)."""
+    topo = d_out(5, 2)
+    parts, _ = logreg_data(5, 32)
+    _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=8), topo, parts=parts, num_iters=6)
+    _, dp = make_nodes("sgpdp", dict(lr=0.2, batch_size=8, gamma_n=0.0, sync_period=0, model_name="logreg"), topo,
+                       parts=parts, num_iters=6)
+    run(sgp, topo, 0, 6)
+    run(dp, topo, 0, 6)
+    for a, b in zip(sgp, dp):
+        torch.testing.assert_close(a.x, b.x, rtol=1e-6, atol=1e-7)
+    assert dp[0].contribute(5) is None  # no noise -> no barrier
+
+
+def test_laplace_accounting_and_refusals():
+    """COMMON.md 4: one Laplace charge per round with nu = gamma_n / b; eps_paper = b / gamma_n per round."""
+    topo, nodes = mlp_nodes("partpsp1", dict(MLP, measure_real=False), K=3)
+    run(nodes, topo, 0, 3)
+    rep = nodes[0].privacy_report()
+    assert rep["steps_charged"] == 3 and rep["heuristic"]
+    assert rep["eps_paper"] == pytest.approx(5.0 / 1e-3)
+    parts, _ = logreg_data(4, 16)
+    with pytest.raises(ValueError, match="doubly stochastic"):
+        make_nodes("sgpdp", dict(model_name="logreg"), random_irregular(4, seed=0), parts=parts, num_iters=2)
+    with pytest.raises(ValueError, match="doubly stochastic"):
+        make_nodes("pedfl", {}, random_irregular(4, seed=0), parts=parts, num_iters=2)
+
+
+def test_real_sensitivity_mode_scales_noise_by_the_oracle():
+    """4.4 PartPSP-Real: the Laplace scale is gamma_n * S_real / b (not the estimate)."""
+    topo, nodes = mlp_nodes("partpsp1", dict(MLP, sensitivity="real"), K=3)
+    for k in range(3):
+        log = run_iteration(nodes, k, receivers=topo.out_neighbors)
+        m = nodes[2].last_metrics()
+        assert m["noise_scale"] == pytest.approx(1e-3 * log.reduced["S_real"] / 5.0)
+        assert m["sensitivity_real"] == log.reduced["S_real"]
+
+
+def test_sync_rounds_equalize_and_reset():
+    """3.6 / F3: after a sync round (k + 1) % 5 == 0 every node holds the same shared state."""
+    topo, nodes = mlp_nodes("partpsp1", dict(MLP, measure_real=False), K=5)
+    run(nodes, topo, 0, 5)
+    for nd in nodes[1:]:
+        torch.testing.assert_close(nd.x, nodes[0].x, rtol=0, atol=1e-6)
+    assert nodes[0]._reset(5) and not nodes[0]._reset(4)
+
+
+def test_pedfl_runs_with_oracle_sensitivity():
+    topo = d_out(4, 2)
+    parts, _ = logreg_data(4, 32)
+    _, nodes = make_nodes("pedfl", dict(lr=0.2, batch_size=8, gamma_n=1e-3, sync_period=0), topo, parts=parts,
+                          num_iters=4)
+    for k in range(3):
+        log = run_iteration(nodes, k, receivers=topo.out_neighbors)
+        assert log.reduced["S_real"] >= 0
+    assert all(s.weight is None for s in nodes[0].local_step(3, {"S_real": 0.0}))
+    assert nodes[0].privacy_report()["steps_charged"] == 4
+
+
+def test_sgpdp_converges_and_degrades_with_eps():
+    """Large b (per-round eps b/gamma_n) -> near SGP; small b -> worse (logistic regression, 8 nodes)."""
+    common = dict(lr=0.3, batch_size=16, gamma_n=1e-2, sync_period=5, model_name="logreg", c_prime=0.8, lam=0.6)
+    big = _gap("sgpdp", dict(common, b=1e4), topo_fn=lambda: d_out(8, 3))
+    small = _gap("sgpdp", dict(common, b=0.05), topo_fn=lambda: d_out(8, 3))
+    assert big < 0.08, big
+    assert small > big + 0.02, (small, big)
+    assert np.isfinite(small)

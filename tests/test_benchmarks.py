@@ -1,0 +1,72 @@
+"""Smoke tests of the benchmark suite: it runs in --quick mode and writes a valid JSON document.
+
+No timing is asserted (the machine is shared); only structure, and that measured figures
+are positive numbers where the code under test exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from flower_dp import bench_cli
+
+# benchmarks/ is a top-level package of the checkout (not installed); bench_cli finds it
+benchmarks = bench_cli._import_benchmarks()
+
+
+@pytest.fixture(scope="module")
+def quick_doc(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    out = tmp_path_factory.mktemp("bench") / "latest.json"
+    rc = benchmarks.main(["--quick", "--skip-ray", "--out", str(out)])
+    torch.set_num_threads(threads)
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_quick_suite_writes_every_required_key(quick_doc):
+    """All required top-level keys are present; machine is a string and versions an object."""
+    for key in benchmarks.REQUIRED_KEYS:
+        assert key in quick_doc, key
+    assert isinstance(quick_doc["machine"], str) and quick_doc["machine"]
+    assert isinstance(quick_doc["versions"], dict) and "torch" in quick_doc["versions"]
+    assert quick_doc["quick"] is True and quick_doc["threads"]["torch_intra_op"] == 1
+
+
+def test_quick_suite_figures_are_positive_ratios(quick_doc):
+    """Every figure whose code exists is a finite positive number; the Ray ones are null with a note."""
+    for key in ("private_step_ratio_cnn_b64", "private_step_ratio_mlp_b64", "lrq_codec_ratio", "wire_ratio"):
+        v = quick_doc[key]
+        assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
+    # bucketing rounds noise levels down: eps can only grow (accountant.bucket_steps docstring)
+    assert quick_doc["accounting_eps_rel_diff"] >= 0
+    assert quick_doc["max_nodes_inprocess_mlp"] >= 1
+    assert quick_doc["engine_overhead_ratio"] is None
+    assert "missing" in quick_doc["details"]["engine_overhead"]["note"]
+    # the LRQ codec's error is N(0, sigma^2) by construction (gau-lrq.md 3.5): a sanity check of the run
+    assert quick_doc["details"]["lrq_codec"]["error_std_over_sigma"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_table_names_each_figure(quick_doc):
+    """The printed table has one line per headline figure and the machine line."""
+    table = benchmarks.format_table(quick_doc)
+    for word in ("private step", "engine overhead", "accounting", "LRQ codec", "LRQ wire", "max nodes", "machine"):
+        assert word in table
+
+
+def test_cli_registers_bench_and_rejects_unknown_benchmark():
+    """``flower-dp bench`` parses the suite's options; an unknown --only name is refused."""
+    parser = argparse.ArgumentParser()
+    bench_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--quick", "--only", "wire", "--skip-ray"])
+    assert args.quick and args.only == ["wire"] and args.func is not None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["bench", "--only", "nonsense"])
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        benchmarks.run_suite(quick=True, only=("nonsense",))
