@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 import zipfile
@@ -28,7 +29,8 @@ def test_editable_install_imports_all_three_namespaces():
 def test_no_top_level_strategies_or_clients_importable():
     """Installing flower-dp must not shadow generic names such as `strategies`."""
     code = "import importlib.util,sys; sys.exit(int(any(importlib.util.find_spec(n) for n in ('strategies','clients'))))"
-    rc = subprocess.run([sys.executable, "-c", code], cwd="/").returncode
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # Ray start-up may have exported one
+    rc = subprocess.run([sys.executable, "-c", code], cwd="/", env=env).returncode
     assert rc == 0
 
 
