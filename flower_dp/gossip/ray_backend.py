@@ -230,7 +230,8 @@ class RayGossipBackend:
         import ray
 
         h = host_of(check_int("node_id", node_id, minimum=0, maximum=self.n_nodes - 1), self.n_nodes, self.num_hosts)
-        return ray.get(self.hosts[h].add_node.remote(int(node_id), factory, replace), timeout=self.timeout_s)
+        # building a node (imports, data, model) is not a gossip wait: give it register_all's allowance
+        return ray.get(self.hosts[h].add_node.remote(int(node_id), factory, replace), timeout=max(120.0, self.timeout_s))
 
     def register_all(self, factory: NodeFactory) -> None:
         """Build every node with ``factory`` (all hosts in parallel)."""
