@@ -30,7 +30,7 @@ from flower_dp.mechanisms.noise import gaussian_noise
 from flower_dp.rng import numpy_rng
 from flower_dp.rng import torch_generator
 
-__all__ = ["Plan", "PushSumNode", "validate_params", "FLOAT_BITS", "torch_generator"]
+__all__ = ["Plan", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator"]
 
 
 #: Bits per float32 on the wire (COMMON.md 5.10 cost model).
@@ -369,6 +369,31 @@ class PushSumNode:
         nu = float(self.plan.nu[self.node_id][k])
         if self.plan.private and nu > 0 and math.isfinite(nu):
             self.accountant.charge_gaussian(q=self.plan.q[self.node_id], nu=nu)
+
+
+class DPSGDNode(PushSumNode):
+    """D-PSGD-type node (COMMON.md F8): the gradient step is taken at the node's own pre-mix x and
+    applied after mixing, ``x = sum_j W[i,j] x_j - pending``; needs a doubly stochastic W, no weight.
+
+    Subclasses set ``self.pending`` in ``local_step`` (DP2-SGD, A(DP)2SGD, PEDFL).
+    """
+
+    def __init__(self, plan: Plan, **kw) -> None:
+        super().__init__(plan, **kw)
+        if not self.topology.doubly_stochastic:
+            raise ValueError(f"{plan.algorithm} needs a doubly stochastic topology (D-PSGD), got "
+                             f"{self.topology.name!r}; use a ring, exp_one_peer, complete or d_out graph")
+        self.pending = torch.zeros_like(self.x)
+
+    def mix(self, inbox: list[Share]) -> None:
+        """``x = sum_j W[i,j] x_j - pending``."""
+        self.x = _sum_tensor(inbox, "x", self.x) - self.pending
+
+    def _extra_state(self) -> dict:
+        return {"pending": self.pending.cpu().clone()}
+
+    def _load_extra_state(self, state: dict) -> None:
+        self.pending = state["pending"].to(self.device)
 
 
 def _sum_tensor(inbox: list[Share], name: str, like: torch.Tensor) -> torch.Tensor:

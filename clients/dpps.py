@@ -35,7 +35,7 @@ from flower_dp.mechanisms.flat import param_slices
 from flower_dp.mechanisms.noise import laplace_noise
 from flower_dp.privacy import dpps_accounting
 
-from .base import torch_generator, FLOAT_BITS, Plan, PushSumNode, _sum_tensor
+from .base import torch_generator, DPSGDNode, FLOAT_BITS, Plan, PushSumNode
 from .sgp import SGPParams
 
 __all__ = ["DPPSParams", "PEDFLParams", "DPPSNode", "PEDFLNode", "prepare_dpps", "prepare_pedfl"]
@@ -246,13 +246,9 @@ class DPPSNode(PushSumNode):
         self.S_prev, self.L1_prev = float(state["S_prev"]), float(state["L1_prev"])
 
 
-class PEDFLNode(PushSumNode):
-    """PEDFL approximation: D-PSGD with Laplace noise ``gamma_n Lap(S_real / b)`` on the sent model."""
-
-    def __init__(self, plan: Plan, **kw) -> None:
-        super().__init__(plan, **kw)
-        _check_doubly(self)
-        self.pending = torch.zeros_like(self.x)
+class PEDFLNode(DPSGDNode):
+    """PEDFL approximation: D-PSGD with Laplace noise ``gamma_n Lap(S_real / b)`` on the sent model;
+    ``mix`` (inherited): ``x = sum_j W[i,j] (x_j + gamma_n n_j) - gamma_s g_i``."""
 
     def contribute(self, k: int) -> dict[str, Contribution] | None:
         self.check_k(k)
@@ -273,13 +269,3 @@ class PEDFLNode(PushSumNode):
             self.accountant.charge_laplace(nu=float(self.plan.nu[i][k]))
             self._metrics.update(sensitivity_real=S, noise_std=math.sqrt(2) * p.gamma_n * S / p.b)
         return self.push_shares(k, {"x": sent}, None, FLOAT_BITS * sent.numel())
-
-    def mix(self, inbox: list[Share]) -> None:
-        """``x = sum_j W[i,j] (x_j + gamma_n n_j) - gamma_s g_i``."""
-        self.x = _sum_tensor(inbox, "x", self.x) - self.pending
-
-    def _extra_state(self) -> dict:
-        return {"pending": self.pending.cpu().clone()}
-
-    def _load_extra_state(self, state: dict) -> None:
-        self.pending = state["pending"].to(self.device)

@@ -35,7 +35,7 @@ from flower_dp.privacy import paper, privsgp_vr_calibration, rigorous_epsilon
 from flower_dp.privacy.accountant import GaussianStep
 from flower_dp.rng import numpy_rng
 
-from .base import FLOAT_BITS, Plan, PushSumNode, _sum_tensor
+from .base import FLOAT_BITS, DPSGDNode, Plan, PushSumNode
 from .sgp import SGPParams
 
 __all__ = ["PrivSGPParams", "PrivSGPVRNode", "DP2SGDNode", "ADP2Node", "prepare_privsgp_family", "adp2_matching"]
@@ -228,15 +228,8 @@ class PrivSGPVRNode(PushSumNode):
         self.avg = None if state["avg"] is None else state["avg"].to(self.device)
 
 
-class DP2SGDNode(PushSumNode):
+class DP2SGDNode(DPSGDNode):
     """DP2-SGD (D-PSGD + Gaussian noise, COMMON.md 2.2): needs a doubly stochastic W; no push-sum weight."""
-
-    def __init__(self, plan: Plan, **kw) -> None:
-        super().__init__(plan, **kw)
-        if not self.topology.doubly_stochastic:
-            raise ValueError(f"{plan.algorithm} needs a doubly stochastic topology (D-PSGD), got "
-                             f"{self.topology.name!r}; use a ring, exp_one_peer, complete or d_out graph")
-        self.pending = torch.zeros_like(self.x)
 
     def local_step(self, k: int, reduced: dict | None = None) -> list[Share]:
         self.check_k(k)
@@ -250,16 +243,6 @@ class DP2SGDNode(PushSumNode):
         self.check_finite_(self.pending, "gradient step", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}
         return self.push_shares(k, {"x": self.x}, None, FLOAT_BITS * self.x.numel())
-
-    def mix(self, inbox: list[Share]) -> None:
-        """``x = sum_j W[i,j] x_j - gamma (g_i + N_i)``."""
-        self.x = _sum_tensor(inbox, "x", self.x) - self.pending
-
-    def _extra_state(self) -> dict:
-        return {"pending": self.pending.cpu().clone()}
-
-    def _load_extra_state(self, state: dict) -> None:
-        self.pending = state["pending"].to(self.device)
 
 
 class ADP2Node(DP2SGDNode):
