@@ -1,0 +1,1 @@
+"""Gau-LRQ example Flower app (flower-dp)."""

@@ -1,0 +1,50 @@
+"""The ServerApp: GauLRQ (or a baseline) on LeNet, server-side evaluation on the test split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+
+from flower_dp.strategies.gau_lrq import GauLRQ
+
+from .task import arrays_to_model, ensure_secret_file, evaluate, model_to_arrays, new_model
+
+app = ServerApp()
+
+
+def make_strategy(rc: dict, *, secret_file: str, out_dir: str | None = None) -> GauLRQ:
+    """GauLRQ from a run config (keys as in pyproject.toml [tool.flwr.app.config])."""
+    z = float(rc.get("noise-multiplier", 0.0))
+    return GauLRQ(num_clients=int(rc["num-clients"]), clients_per_round=int(rc["clients-per-round"]),
+                  clip=float(rc["clip"]), num_rounds=int(rc["num-rounds"]), epsilon=float(rc["epsilon"]),
+                  delta=float(rc["delta"]), method=str(rc["method"]), tau=float(rc.get("tau", 1.0)),
+                  noise_multiplier=z if z > 0 else None, secret_file=secret_file, out_dir=out_dir)
+
+
+TRAIN_KEYS = ("dataset", "per-class", "local-steps", "lr", "seed")
+
+
+def train_config(rc: dict) -> ConfigRecord:
+    """Training hyperparameters the ClientApp reads from each train message."""
+    return ConfigRecord({k: rc[k] for k in TRAIN_KEYS if k in rc})
+
+
+def evaluate_fn(dataset: str, n: int):
+    def fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
+        acc, loss = evaluate(arrays_to_model(arrays, new_model()), dataset, n)
+        return MetricRecord({"accuracy": acc, "loss": loss})
+
+    return fn
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    secret_file = ensure_secret_file(str(rc["lrq-secret-file"]))
+    out = Path(str(rc.get("out-dir", "gau_lrq_results"))).resolve() / str(rc["method"])
+    strategy = make_strategy(rc, secret_file=secret_file, out_dir=str(out))
+    strategy.start(grid=grid, initial_arrays=model_to_arrays(new_model(int(rc.get("seed", 0)))),
+                   num_rounds=int(rc["num-rounds"]), train_config=train_config(rc),
+                   evaluate_fn=evaluate_fn(str(rc.get("dataset", "fashion_mnist")), int(rc.get("test-samples", 2000))))

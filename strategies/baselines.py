@@ -1,0 +1,325 @@
+"""Update codecs for Gau-LRQ and its baselines (what a client sends, how the server reads it),
+and the client-level accountant for fixed-size client sampling.
+
+Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1), §7 (baselines), §12 (bits).  Pure numpy, no Flower:
+both :mod:`flower_dp.clients.lrq_mod` (client side) and :mod:`flower_dp.strategies.gau_lrq`
+(server side) call these functions, so the two sides cannot drift apart.
+
+=========  ==================  ==================================================================
+method     paper name          client sends (per coordinate)                     server decodes
+=========  ==================  ==================================================================
+"lrq"      Gau-LRQ-SGD         m = floor((Dt + R - x) / w), bit-packed (Eq. 11)  m w + x (Eq. 12)
+"gaussian" Gau-SGD             Dt + N(0, sigma^2), float32                       as is
+"qg"       QG-SGD (Alg. 2)     Q_b[Dt + N(0, sigma^2)], b-bit grid on [-s, s]    grid value
+"bq"       BQ-SGD              t + Binomial(m, 1/2), t = stoch. level of Dt      (t + o - m/2) dq - S2
+"none"     Local SGD (oracle)  Delta (no clipping), float32                      as is
+=========  ==================  ==================================================================
+
+Randomness: the LRQ layers come from the shared stream keyed by ``lrq_key(secret, round, client)``
+(§2.4); the baselines' noise and stochastic rounding come from a private stream derived from the
+same key (domain-separated).  The server is trusted (§2.3), so it may know that stream; nobody
+else does.  Secrets are never put in a payload, a metadata record or a log line.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+
+import dp_accounting as dpa
+import numpy as np
+from dp_accounting import rdp
+
+from flower_dp._checks import check_choice, check_int, check_positive
+from flower_dp.errors import DecodeError
+from flower_dp.mechanisms import lrq
+from flower_dp.privacy import GaussianStep, calibrate, paper, rigorous_epsilon
+
+__all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
+           "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "Schedule", "client_level_epsilon",
+           "gau_lrq_schedule"]
+
+METHODS = ("lrq", "gaussian", "qg", "bq", "none")
+PAPER_NAMES = {"lrq": "Gau-LRQ-SGD", "gaussian": "Gau-SGD", "qg": "QG-SGD", "bq": "BQ-SGD", "none": "Local SGD"}
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """The public per-round parameters the server broadcasts (nothing secret).
+
+    Attributes
+    ----------
+    method : one of :data:`METHODS`
+    round_k : int, 0-based round index k (keys the streams)
+    sigma : float, per-client per-coordinate noise std (0 for "none")
+    clip : float, L2 bound S2 on one client's update (inf for "none")
+    bq_bits : int, BQ-SGD's public bit width b (s + m <= 2^b), unused otherwise
+    layer_dtype : {"float64", "float32"}, LRQ layer arithmetic (both sides must agree)
+    """
+
+    method: str
+    round_k: int
+    sigma: float
+    clip: float
+    bq_bits: int = 4
+    layer_dtype: str = "float64"
+
+    def __post_init__(self) -> None:
+        check_choice("method", self.method, METHODS)
+        check_int("round_k", self.round_k, minimum=0)
+        if self.method != "none":
+            check_positive("sigma", self.sigma, hint="sigma is the per-client noise std of a private method")
+            check_positive("clip", self.clip, hint="clip is the L2 bound S2 on a client's update")
+        check_int("bq_bits", self.bq_bits, minimum=2, maximum=16)
+
+
+def clip_update(delta: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
+    """Eq. 10: ``Dt = Delta / max(1, ||Delta||_2 / S2)``; returns (Dt float64 (d,), ||Delta||_2)."""
+    delta = np.asarray(delta, dtype=np.float64)
+    norm = float(np.linalg.norm(delta))
+    return (delta * (clip / norm) if norm > clip else delta.copy()), norm
+
+
+def _private_rng(key: bytes) -> np.random.Generator:
+    return np.random.Generator(np.random.Philox(int.from_bytes(hashlib.sha256(b"flower_dp.baseline\x00" + key).digest(), "little")))
+
+
+def pack_ints(m: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """Bit-pack a 1-D int vector: ``(packed uint8, lo, width)`` with ``m - lo`` in ``width`` bits each."""
+    m = np.asarray(m)
+    if m.size == 0:
+        return np.zeros(0, np.uint8), 0, 0
+    lo, hi = int(m.min()), int(m.max())
+    width = max(1, (hi - lo).bit_length())
+    u = (m.astype(np.int64) - lo).astype(np.uint64)
+    planes = ((u[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
+    return np.packbits(planes.ravel()), lo, width
+
+
+def unpack_ints(packed: np.ndarray, lo: int, width: int, d: int, dtype: str) -> np.ndarray:
+    """Inverse of :func:`pack_ints` (shape (d,), dtype ``dtype``)."""
+    if d == 0:
+        return np.zeros(0, dtype=dtype)
+    bits = np.unpackbits(np.asarray(packed, dtype=np.uint8), count=d * width)
+    if bits.size != d * width:
+        raise DecodeError(f"packed payload too short: need {d * width} bits, got {bits.size}")
+    vals = bits.reshape(d, width).astype(np.int64) @ (1 << np.arange(width, dtype=np.int64))
+    return (vals + lo).astype(dtype)
+
+
+def bq_levels(sigma: float, clip: float, bits: int) -> tuple[int, int]:
+    """BQ-SGD's (s, m) (spec §7.4 DECISION): largest s >= 2 with ``s + m <= 2^b``, ``m = ceil(sigma^2 (s-1)^2 / S2^2)``.
+
+    Noise variance per coordinate ``m dq^2 / 4`` with ``dq = 2 S2 / (s-1)`` is then >= sigma^2
+    (a Gaussian approximation of the binomial mechanism, not a rigorous DP proof).
+    """
+    cap = 1 << check_int("bits", bits, minimum=2)
+    best = None
+    for s in range(2, cap + 1):
+        m = max(2, math.ceil(sigma**2 * (s - 1) ** 2 / clip**2))
+        m += m % 2  # even m: m/2 is an integer offset
+        if s + m <= cap:
+            best = (s, m)
+    if best is None:
+        raise ValueError(f"bq_bits={bits} too small for sigma/S2={sigma / clip:.4g}: need s + m <= 2^b with s >= 2, "
+                         f"got m = {max(2, math.ceil(sigma**2 / clip**2))}; raise bq_bits")
+    return best
+
+
+def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict, dict, dict]:
+    """Client side: clip, privatize and compress one update.
+
+    Parameters
+    ----------
+    delta : ndarray, shape (d,)
+        Raw update ``theta_{k,Q} - theta_k`` flattened in the ArrayRecord's key order.
+    spec : RoundSpec
+    key : bytes
+        ``lrq_key(secret, k, client)`` (secret; never sent).
+
+    Returns
+    -------
+    payload : dict[str, ndarray]   arrays to send
+    meta : dict[str, int | float | str]   public metadata to send (includes the LRQ integrity tag)
+    stats : dict[str, float]   metrics: norm before clipping, clipped flag, A = ||Dt||_inf, bits
+    """
+    d = int(np.asarray(delta).size)
+    if spec.method == "none":
+        u = np.asarray(delta, dtype=np.float64)
+        st = {"norm": float(np.linalg.norm(u)), "clipped": 0.0, "linf": float(np.abs(u).max(initial=0.0)),
+              "bits_algorithmic": 32.0 * d}
+        return {"u": u.astype(np.float32)}, {"d": d}, st
+    dt, norm = clip_update(delta, spec.clip)
+    A = float(np.abs(dt).max(initial=0.0))
+    st = {"norm": norm, "clipped": float(norm > spec.clip), "linf": A}
+    if spec.method == "lrq":
+        msg = lrq.encode(dt, spec.sigma, key, dtype=spec.layer_dtype)
+        packed, lo, width = pack_ints(msg.m)
+        st.update(bits_paper=d * lrq.lrq_bits_paper(A, spec.sigma), bits_fixed=float(lrq.lrq_message_bits(d, A, spec.sigma)),
+                  bits_entropy=d * lrq.empirical_entropy(msg.m), bits_algorithmic=float(d * width + 32))
+        meta = {"d": d, "sigma": msg.sigma, "layer_dtype": msg.dtype, "chunk_size": msg.chunk_size,
+                "tag": msg.tag.hex(), "lo": lo, "width": width, "m_dtype": str(msg.m.dtype)}
+        return {"m": packed}, meta, st
+    rng = _private_rng(key)
+    if spec.method == "gaussian":
+        v = dt + spec.sigma * rng.standard_normal(d)
+        st["bits_algorithmic"] = 32.0 * d
+        return {"u": v.astype(np.float32)}, {"d": d}, st
+    if spec.method == "qg":  # Alg. 2: noise first, then a b-bit unbiased stochastic grid on [-s, s]
+        b = max(1, lrq.lrq_bits_fixed(A, spec.sigma))
+        v = dt + spec.sigma * rng.standard_normal(d)
+        s = float(np.float32(np.abs(v).max(initial=0.0))) or 1.0
+        levels = (1 << b) - 1
+        pos = (v + s) / (2 * s) * levels
+        t = np.clip(np.floor(pos + rng.random(d)), 0, levels).astype(np.int64)
+        packed, lo, width = pack_ints(t)
+        st["bits_algorithmic"] = float(d * b + 32)
+        return {"t": packed}, {"d": d, "scale": s, "b": b, "lo": lo, "width": width}, st
+    s_lv, m_tr = bq_levels(spec.sigma, spec.clip, spec.bq_bits)
+    dq = 2 * spec.clip / (s_lv - 1)
+    pos = (dt + spec.clip) / dq
+    t = np.clip(np.floor(pos + rng.random(d)), 0, s_lv - 1).astype(np.int64)
+    t += rng.binomial(m_tr, 0.5, size=d)
+    packed, lo, width = pack_ints(t)
+    st["bits_algorithmic"] = float(d * math.ceil(math.log2(s_lv + m_tr)))
+    return {"t": packed}, {"d": d, "s": s_lv, "m": m_tr, "lo": lo, "width": width}, st
+
+
+def decode_update(payload: dict, meta: dict, spec: RoundSpec, key: bytes) -> np.ndarray:
+    """Server side: the decoded update ``hat_D`` (float64, shape (d,)) of one client.
+
+    Raises
+    ------
+    DecodeError
+        Malformed payload; for "lrq" also a wrong key (round, client or secret) or a tampered
+        message (the keyed integrity tag fails), or a sigma differing from this round's.
+    """
+    try:
+        d = int(meta["d"])
+        if spec.method in ("none", "gaussian"):
+            u = np.asarray(payload["u"], dtype=np.float64)
+            if u.shape != (d,):
+                raise DecodeError(f"payload 'u' must have shape ({d},), got {u.shape}")
+            return u
+        if spec.method == "lrq":
+            m = unpack_ints(payload["m"], int(meta["lo"]), int(meta["width"]), d, str(meta["m_dtype"]))
+            msg = lrq.LRQMessage(m=m, d=d, sigma=float(meta["sigma"]), dtype=str(meta["layer_dtype"]),
+                                 chunk_size=int(meta["chunk_size"]), tag=bytes.fromhex(str(meta["tag"])))
+            return lrq.decode(msg, spec.sigma, key)
+        t = unpack_ints(payload["t"], int(meta["lo"]), int(meta["width"]), d, "int64").astype(np.float64)
+        if spec.method == "qg":
+            s, levels = float(meta["scale"]), (1 << int(meta["b"])) - 1
+            return -s + 2 * s * t / levels
+        s_lv, m_tr = int(meta["s"]), int(meta["m"])
+        return (t - m_tr / 2) * (2 * spec.clip / (s_lv - 1)) - spec.clip
+    except DecodeError:
+        raise
+    except (KeyError, ValueError, TypeError) as exc:
+        raise DecodeError(f"malformed {spec.method!r} update, got payload keys {sorted(payload)} and meta keys "
+                          f"{sorted(meta)}: {exc}") from exc
+
+
+def payload_bytes(arrays) -> int:
+    """Bytes Flower really carries for a payload: sum of the serialized ``Array.data`` lengths."""
+    return int(sum(len(a.data) for a in arrays))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Client-level accounting for fixed-size sampling (B of N without replacement), spec §5.3 / §6.3
+# ---------------------------------------------------------------------------------------------
+#: RDP orders (any order set gives a valid bound; these match dp-accounting's defaults on our
+#: settings to 4 digits at ~1/15 of the cost; eps below ~0.2 would want higher orders).
+_ORDERS = (1.5, *range(2, 13), 14, 16, 20, 24, 32, 48, 64)
+
+
+@functools.lru_cache(maxsize=8192)
+def _round_rdp(N: int, B: int, z: float) -> tuple[float, ...]:
+    """RDP (per order) of one round: SampledWithoutReplacement(N, B, Gaussian(z/2)), REPLACE_ONE."""
+    acc = rdp.RdpAccountant(orders=list(_ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
+    event = dpa.GaussianDpEvent(z / 2.0)  # replace-one moves the sum by <= 2 S2; z = std / S2
+    acc.compose(event if B == N else dpa.SampledWithoutReplacementDpEvent(N, B, event))
+    return tuple(float(v) for v in acc._rdp)
+
+
+def client_level_epsilon(z, delta: float, *, B: int, N: int) -> float:
+    """Rigorous client-level eps of rounds with noise multipliers ``z`` (shape (k,)) at ``delta``.
+
+    Each round: B of N clients uniformly without replacement, sum of clipped updates (L2 <= S2)
+    plus N(0, (z_k S2)^2 I); replace-one client adjacency; dp-accounting RDP.  0 for no rounds.
+    """
+    z = np.asarray(z, dtype=np.float64).ravel()
+    if z.size == 0:
+        return 0.0
+    vals, counts = np.unique(z, return_counts=True)
+    total = sum(c * np.asarray(_round_rdp(N, B, float(v))) for v, c in zip(vals, counts))
+    eps, _ = rdp.rdp_privacy_accountant.compute_epsilon(list(_ORDERS), list(total), delta)
+    return float(eps)
+
+
+@functools.lru_cache(maxsize=256)
+def _poisson_eps(z: tuple[float, ...], q: float, delta: float) -> float:
+    return rigorous_epsilon([GaussianStep(q, v) for v in z], delta, accountant="pld") if z else 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-round noise multipliers of (Dynamic) Gau-LRQ and what they cost.
+
+    ``z`` : shape (K,), std of the noise on the SUM of the B clipped updates over S2
+    (per-client std ``sigma_k = z_k S2 / sqrt(B)``).  ``eps_rigorous``: this module's accountant
+    over all K rounds; ``eps_paper``: the closed form of Lemma 1/4 (not a valid bound, §5.2).
+    """
+
+    z: np.ndarray
+    B: int
+    N: int
+    eps_rigorous: float
+    eps_paper: float
+    warnings: tuple[str, ...] = ()
+
+    def eps_after(self, rounds: int, delta: float) -> float:
+        """Rigorous eps after the first ``rounds`` rounds."""
+        return client_level_epsilon(self.z[:rounds], delta, B=self.B, N=self.N)
+
+    def eps_paper_after(self, rounds: int, delta: float) -> float:
+        """The paper's closed form after the first ``rounds`` rounds."""
+        return paper.paper_eps_gau_lrq(self.z[:rounds], delta, B=self.B, N=self.N) if rounds else 0.0
+
+    def eps_poisson_approx_after(self, rounds: int, delta: float) -> float:
+        """Spec §5.3's "usual approximation": Poisson(q = B/N) add/remove PLD eps (reported, not relied on)."""
+        return _poisson_eps(tuple(float(v) for v in self.z[:rounds]), self.B / self.N, delta)
+
+    def rounds_within(self, epsilon: float, delta: float) -> int:
+        """Largest prefix of rounds whose rigorous eps is <= epsilon."""
+        return max((r for r in range(len(self.z) + 1) if self.eps_after(r, delta) <= epsilon), default=0)
+
+
+def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N: int, tau: float = 1.0,
+                     calibration: str = "rigorous", noise_multiplier: float | None = None) -> Schedule:
+    """Noise multipliers z_k for K rounds (spec §5.3, §6.2-6.3).
+
+    - ``noise_multiplier`` given: constant z (budget-stop mode; the budget decides the rounds).
+    - ``calibration="paper"``: ``z_k = sqrt(C' G tau^(k/2))`` (eq. 17/18; tau = 1: Alg. 1 line 2).
+    - ``calibration="rigorous"``: the same shape ``z_k ∝ tau^(k/4)``, one common scale bisected
+      until :func:`client_level_epsilon` over K rounds is <= epsilon (private side, rel. tol 1e-3).
+    """
+    check_choice("calibration", calibration, ("rigorous", "paper"))
+    K = check_int("num_rounds", num_rounds, minimum=1)
+    z_paper = paper.gau_lrq_dynamic_z(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
+    if noise_multiplier is not None:
+        z = np.full(K, check_positive("noise_multiplier", noise_multiplier))
+    elif calibration == "paper":
+        z = z_paper
+    else:
+        shape = z_paper / z_paper[0]
+        scale = calibrate(lambda s: client_level_epsilon(s * shape, delta, B=B, N=N), epsilon, 0.3, 3.0, rel_tol=1e-3)
+        z = scale * shape
+    eps_r = client_level_epsilon(z, delta, B=B, N=N)
+    warn = ()
+    if noise_multiplier is None and eps_r > epsilon * 1.001:
+        warn = (f"paper calibration: the rigorous client-level eps of this schedule is {eps_r:.4g}, above the "
+                f"target {epsilon} (the closed form is not a valid bound, spec §5.2)",)
+    return Schedule(z, B, N, eps_r, paper.paper_eps_gau_lrq(z, delta, B=B, N=N), warn)

@@ -1,0 +1,346 @@
+"""Gau-LRQ-SGD (and Dynamic Gau-LRQ-SGD, Gau-SGD, QG-SGD, BQ-SGD, Local SGD) as a Flower strategy.
+
+Yan, Li, Lan, Wu, Song, arXiv:2312.07060 (Alg. 1, Sec. V); spec ``shared/specs/gau-lrq.md``.
+
+==================  ============================  ============================================
+paper               spec                          code
+==================  ============================  ============================================
+N, B, q = B/N       clients, sampled per round    ``num_clients``, ``clients_per_round``
+K                   rounds                        ``num_rounds`` (Flower round r = k + 1)
+S2                  L2 clip of one update         ``clip``
+sigma_k             per-client std per coord.     ``sigma_k = z_k S2 / sqrt(B)`` (§5.3)
+z_k                 noise multiplier on the SUM   :attr:`GauLRQ.z`
+tau                 decay (Dynamic, §6)           ``tau`` (1 = fixed scheme)
+hat-Delta^(i)       decoded update (Eq. 12)       :func:`flower_dp.strategies.baselines.decode_update`
+==================  ============================  ============================================
+
+Why a FedAvg subclass: it reuses FedAvg's evaluation (``fraction_evaluate``/``min_evaluate_nodes``),
+metric aggregation (``train_metrics_aggr_fn``/``evaluate_metrics_aggr_fn``), record keys and summary;
+a wrapper (like Flower's DP wrappers) cannot work because replies carry integer messages, not
+weights, and the aggregation rule (weight 1/B, server lr 1, theta kept by the strategy) is part of
+the mechanism.  ``configure_train``, ``aggregate_train`` and ``start`` are overridden.
+
+Sampling and accounting [DECISION, replaces spec §5.3's Poisson approximation]: every round
+draws exactly B of the N clients uniformly without replacement (sampling keyed by the run secret,
+so the adversary cannot know it).  Each sampled client's decoded update carries its own
+N(0, sigma^2 I), so the sum over the B clients carries N(0, B sigma^2 I) = N(0, (z S2)^2 I) exactly
+when the sample size is fixed.  Under Poisson sampling the noise would grow with the sample size,
+which the Poisson-subsampled Gaussian analysis does not cover.  The matching rigorous accountant is
+dp-accounting's RDP of ``SampledWithoutReplacementDpEvent(N, B, Gaussian)`` under REPLACE_ONE
+(replacing one client's data moves the sum by <= 2 S2).  Results also report the spec's Poisson
+add/remove PLD value (``eps_poisson_approx``) and the paper's closed form (``eps_paper``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from collections.abc import Callable, Iterable
+from logging import INFO, WARNING
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg, Result
+from flwr.supercore import log
+
+from flower_dp._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
+from flower_dp.errors import BudgetExceededError, DecodeError
+from flower_dp.mechanisms.lrq import lrq_key
+from flower_dp.results import ensure_writable_dir, write_json
+from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, load_secret, run_key
+from flower_dp.strategies.baselines import (METHODS, PAPER_NAMES, RoundSpec, Schedule, client_level_epsilon,
+                                            decode_update, gau_lrq_schedule, payload_bytes)
+
+__all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon"]
+
+
+class GauLRQ(FedAvg):
+    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API.
+
+    Parameters
+    ----------
+    num_clients : int
+        N; the grid must hold exactly N SuperNodes (partition ids 0..N-1).
+    clients_per_round : int
+        B, sampled uniformly without replacement each round; the aggregate is ``(1/B) sum hat_D``.
+    clip : float
+        S2, L2 bound on one client's update (ignored by ``method="none"``).
+    num_rounds : int
+        K, the planned rounds (the schedule and the calibration are for K rounds).
+    epsilon, delta : float
+        Client-level budget of the whole run (``method="none"``: ignored).
+    method : {"lrq", "gaussian", "qg", "bq", "none"}
+    tau : float in (0, 1]
+        1: fixed scheme; < 1: Dynamic Gau-LRQ (z_k proportional to tau^(k/4), §6).
+    noise_multiplier : float or None
+        Fixed z for "budget-stop" mode: train until the next round would exceed the budget.
+        None: z is calibrated so that K rounds spend exactly the budget.
+    calibration : {"rigorous", "paper"}
+        ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
+    secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
+    server_lr : float, server step on the average (paper: 1).
+    bq_bits : int, BQ-SGD's public bit width.
+    out_dir : path or None, where ``results.json`` is written after every round.
+    keep_decoded : bool, keep every round's theta_k and decoded updates (tests; memory B d per round).
+    **fedavg_kwargs : fraction_evaluate, min_evaluate_nodes, train/evaluate_metrics_aggr_fn, ...
+    """
+
+    def __init__(self, *, num_clients: int, clients_per_round: int, clip: float, num_rounds: int,
+                 epsilon: float | None = None, delta: float = 1e-5, method: str = "lrq", tau: float = 1.0,
+                 noise_multiplier: float | None = None, calibration: str = "rigorous", secret: bytes | None = None,
+                 secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4, layer_dtype: str = "float64",
+                 out_dir: str | Path | None = None, keep_decoded: bool = False, stream_nonce: str | None = None,
+                 **fedavg_kwargs) -> None:
+        self.N = check_int("num_clients", num_clients, minimum=1)
+        self.B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=self.N)
+        for name in ("fraction_train", "min_train_nodes", "min_available_nodes"):
+            if name in fedavg_kwargs:
+                raise ValueError(f"GauLRQ samples exactly clients_per_round = B of num_clients = N (the accountant's "
+                                 f"sampling), got {name}={fedavg_kwargs[name]!r}; set clients_per_round instead")
+        fedavg_kwargs.setdefault("fraction_evaluate", 0.0)
+        super().__init__(fraction_train=self.B / self.N, min_train_nodes=self.B, min_available_nodes=self.N,
+                         **fedavg_kwargs)
+        self.K = check_int("num_rounds", num_rounds, minimum=1)
+        self.method = check_choice("method", method, METHODS)
+        self.private = method != "none"
+        self.clip = check_positive("clip", clip) if self.private else float("inf")
+        self.server_lr = check_positive("server_lr", server_lr)
+        self.bq_bits = check_int("bq_bits", bq_bits, minimum=2, maximum=16)
+        self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.keep_decoded = bool(keep_decoded)
+        self._secret = load_secret(secret, secret_file)  # never logged or saved
+        self.secret_file = None if secret_file is None else str(secret_file)
+        # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
+        self.stream_nonce = os.urandom(8).hex() if stream_nonce is None else str(stream_nonce)
+        self._run_key = run_key(self._secret, self.stream_nonce)
+        self.delta = check_delta(delta)
+        if self.private:
+            if epsilon is None:
+                raise ValueError(f"epsilon is required for method={method!r}, got None; or use method='none'")
+            self.epsilon = check_epsilon(epsilon)
+            self.schedule = gau_lrq_schedule(epsilon=self.epsilon, delta=self.delta, num_rounds=self.K, B=self.B,
+                                             N=self.N, tau=tau, calibration=calibration,
+                                             noise_multiplier=noise_multiplier)
+            for w in self.schedule.warnings:
+                log(WARNING, "GauLRQ: %s", w)
+        else:
+            self.epsilon, self.schedule = None, None
+        self.tau, self.calibration, self.noise_multiplier = float(tau), calibration, noise_multiplier
+        self.rounds: list[dict] = []
+        self.decoded: dict[int, dict[int, np.ndarray]] = {}
+        self.thetas: dict[int, list[np.ndarray]] = {}
+        self.stop_reason = "not started"
+        self._pending: dict | None = None
+
+    # ------------------------------------------------------------------ schedule
+    @property
+    def z(self) -> np.ndarray | None:
+        """Noise multipliers z_k (std of the noise on the sum over S2), shape (K,); None for "none"."""
+        return None if self.schedule is None else self.schedule.z
+
+    def sigma(self, k: int) -> float:
+        """Per-client per-coordinate std of round k: ``z_k S2 / sqrt(B)`` (0 for "none")."""
+        return 0.0 if self.schedule is None else float(self.schedule.z[k] * self.clip / math.sqrt(self.B))
+
+    def round_spec(self, k: int) -> RoundSpec:
+        return RoundSpec(self.method, k, self.sigma(k), self.clip, self.bq_bits, self.layer_dtype)
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> GauLRQ: method %s (%s), N=%d, B=%d, K=%d, S2=%s", self.method, PAPER_NAMES[self.method],
+            self.N, self.B, self.K, self.clip)
+        if self.schedule is not None:
+            log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (rigorous plan %.4g, paper %.4g)",
+                self.schedule.z[0], self.schedule.z[-1], self.epsilon, self.schedule.eps_rigorous,
+                self.schedule.eps_paper)
+        super().summary()
+
+    # ------------------------------------------------------------------ train
+    def _sample(self, k: int, node_ids: list[int]) -> list[int]:
+        """B of the N nodes, uniformly without replacement, keyed by the run secret (hidden from the adversary)."""
+        seed = int.from_bytes(hashlib.sha256(b"flower_dp.gau_lrq.sample\x00" + self._run_key + k.to_bytes(8, "little"))
+                              .digest(), "little")
+        rng = np.random.default_rng(seed)
+        ids = sorted(int(n) for n in node_ids)  # node ids are uint64: sample positions, not values
+        return sorted(ids[int(i)] for i in rng.choice(len(ids), size=self.B, replace=False))
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+                        ) -> Iterable[Message]:
+        """Charge round k's privacy (raises BudgetExceededError before any noise), sample B clients, send theta_k."""
+        k = server_round - 1
+        if k >= self.K:
+            raise BudgetExceededError(f"round {server_round} is beyond the planned K = {self.K} rounds the schedule "
+                                      f"was calibrated for, got num_rounds > K; raise num_rounds in GauLRQ", step=k)
+        eps_after = self.schedule.eps_after(k + 1, self.delta) if self.schedule is not None else float("inf")
+        if self.private and eps_after > self.epsilon * (1 + 1e-9):
+            raise BudgetExceededError(
+                f"round {server_round}: it would bring the client-level eps to {eps_after:.4g}, above the budget "
+                f"eps = {self.epsilon} at delta = {self.delta}; the run stops here with its results saved "
+                "(raise epsilon or the noise multiplier to train longer)",
+                step=k, epsilon_spent=self.schedule.eps_after(k, self.delta), epsilon_limit=self.epsilon)
+        node_ids = self._wait_for_nodes(grid)
+        sampled = self._sample(k, node_ids)
+        spec = self.round_spec(k)
+        cfg = ConfigRecord(dict(config))
+        cfg.update({"server-round": server_round, KEYS["method"]: spec.method, KEYS["round"]: k,
+                    KEYS["sigma"]: spec.sigma, KEYS["clip"]: spec.clip, KEYS["bq_bits"]: spec.bq_bits,
+                    KEYS["layer_dtype"]: spec.layer_dtype, KEYS["nonce"]: self.stream_nonce})
+        self._pending = {"k": k, "spec": spec, "sampled": sampled, "theta": [a.numpy() for a in arrays.values()],
+                         "names": list(arrays.keys()), "eps": eps_after}
+        record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
+        return [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in sampled]
+
+    def _wait_for_nodes(self, grid: Grid, timeout_s: float = 120.0) -> list[int]:
+        t0 = time.time()
+        while len(ids := list(grid.get_node_ids())) < self.N and time.time() - t0 < timeout_s:
+            time.sleep(0.5)
+        if len(ids) != self.N:
+            raise ValueError(f"GauLRQ was configured for num_clients N = {self.N} (the accountant's q = B/N), got "
+                             f"{len(ids)} connected SuperNodes; set num_clients to the number of SuperNodes")
+        return ids
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]
+                        ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Decode each reply (Eq. 12), average with weight 1/B, apply theta_{k+1} = theta_k + lr * mean."""
+        p, self._pending = self._pending, None
+        if p is None:
+            raise RuntimeError("aggregate_train called without configure_train; call them in order")
+        replies = list(replies)
+        valid = [m for m in replies if not m.has_error()]
+        for m in replies:
+            if m.has_error():
+                log(WARNING, "GauLRQ: node %d replied with an error: %s", m.metadata.src_node_id, m.error.reason)
+        d = int(sum(t.size for t in p["theta"]))
+        total = np.zeros(d, dtype=np.float64)
+        seen: dict[int, int] = {}
+        bits = {"bits_algorithmic": 0.0, "bits_paper": 0.0, "bits_fixed": 0.0, "bits_entropy": 0.0}
+        carried = 0
+        for m in valid:
+            mrec = next(iter(m.content.metric_records.values()), None)
+            if PAYLOAD_KEY not in m.content or mrec is None or "partition-id" not in mrec:
+                raise DecodeError(f"reply from node {m.metadata.src_node_id} has no Gau-LRQ payload, got records "
+                                  f"{list(m.content.keys())}; add gau_lrq_mod to the ClientApp's mods")
+            pid = int(mrec["partition-id"])
+            if pid in seen or not 0 <= pid < self.N:
+                raise DecodeError(f"node {m.metadata.src_node_id} claims partition-id {pid}, got it twice or outside "
+                                  f"[0, {self.N}); every SuperNode needs its own partition id")
+            seen[pid] = m.metadata.src_node_id
+            arrays = m.content[PAYLOAD_KEY]
+            payload = {name: a.numpy() for name, a in arrays.items()}
+            meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
+            try:
+                hat = decode_update(payload, meta, p["spec"], lrq_key(self._run_key, p["k"], pid))
+            except DecodeError as exc:
+                raise DecodeError(f"round {server_round}, node {m.metadata.src_node_id} (partition {pid}): {exc}") from exc
+            if hat.shape != (d,):
+                raise DecodeError(f"decoded update of partition {pid} has shape {hat.shape}, expected ({d},)")
+            total += hat
+            carried += payload_bytes(arrays.values())
+            for key in bits:
+                bits[key] += float(mrec.get(f"gau-lrq.{key}", 0.0))
+            if self.keep_decoded:
+                self.decoded.setdefault(p["k"], {})[pid] = hat
+        if self.keep_decoded:
+            self.thetas[p["k"]] = [t.copy() for t in p["theta"]]
+        if len(valid) < self.B:
+            log(WARNING, "GauLRQ round %d: %d of %d sampled clients replied; dividing by B = %d (sum form)",
+                server_round, len(valid), self.B, self.B)
+        mean = total / self.B  # Alg. 1 line 15: weight 1/B whatever num-examples says
+        new, off = {}, 0
+        for name, t in zip(p["names"], p["theta"]):
+            step = mean[off: off + t.size].reshape(t.shape)
+            new[name] = (t.astype(np.float64) + self.server_lr * step).astype(t.dtype)
+            off += t.size
+        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
+        rec = {"round": server_round, "k": p["k"], "method": self.method, "sigma": p["spec"].sigma,
+               "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
+               "received": len(valid), "d": d, "bytes_carried": carried, **bits,
+               "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(valid)),
+               "eps_rigorous": p["eps"], "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
+               if self.schedule is not None else float("inf")}
+        self.rounds.append(rec)
+        return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
+
+    # ------------------------------------------------------------------ loop
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Flower's template loop, stopping cleanly (results saved) when the budget is spent."""
+        train_config = ConfigRecord() if train_config is None else train_config
+        evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
+        result, arrays = Result(arrays=initial_arrays), initial_arrays
+        self.stop_reason = "running"
+        if evaluate_fn:
+            res = evaluate_fn(0, arrays)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
+        for rnd in range(1, num_rounds + 1):
+            try:
+                messages = self.configure_train(rnd, arrays, train_config, grid)
+            except BudgetExceededError as exc:
+                self.stop_reason = f"budget: {exc}"
+                log(INFO, "GauLRQ: stopping before round %d: %s", rnd, exc)
+                break
+            replies = grid.send_and_receive(messages=messages, timeout=timeout)
+            agg, train_metrics = self.aggregate_train(rnd, replies)
+            if agg is not None:
+                result.arrays = arrays = agg
+            if train_metrics is not None:
+                result.train_metrics_clientapp[rnd] = train_metrics
+            ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
+                                               timeout=timeout)
+            ev = self.aggregate_evaluate(rnd, ev_replies)
+            if ev is not None:
+                result.evaluate_metrics_clientapp[rnd] = ev
+                self.rounds[-1]["evaluate_clientapp"] = dict(ev)
+            if evaluate_fn:
+                res = evaluate_fn(rnd, arrays)
+                if res is not None:
+                    result.evaluate_metrics_serverapp[rnd] = res
+                    self.rounds[-1]["evaluate_serverapp"] = dict(res)
+            self.save_results()
+        else:
+            self.stop_reason = "completed"
+        self.save_results()
+        return result
+
+    def results(self) -> dict:
+        """Config (no secret), per-round records and totals, JSON-serialisable."""
+        sch = self.schedule
+        out = {"algorithm": PAPER_NAMES[self.method] if self.tau == 1 or not self.private else
+               "Dynamic " + PAPER_NAMES[self.method],
+               "config": {"method": self.method, "N": self.N, "B": self.B, "K": self.K, "clip": self.clip,
+                          "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau,
+                          "calibration": self.calibration, "noise_multiplier": self.noise_multiplier,
+                          "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
+                          "stream_nonce": self.stream_nonce},
+               "privacy": None if sch is None else {
+                   "unit": "client", "adjacency": "replace_one", "sampling": "fixed-size B of N without replacement",
+                   "accountant": "dp-accounting RDP, SampledWithoutReplacement(N, B, Gaussian(z/2))",
+                   "z": sch.z.tolist(), "eps_rigorous_plan": sch.eps_rigorous, "eps_paper_plan": sch.eps_paper,
+                   "warnings": list(sch.warnings)},
+               "rounds": self.rounds, "stop_reason": self.stop_reason}
+        done = len(self.rounds)
+        out["rounds_completed"] = done
+        out["eps_rigorous"] = self.rounds[-1]["eps_rigorous"] if done else 0.0
+        out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
+        if sch is not None and self.stop_reason not in ("running", "not started"):
+            out["eps_poisson_approx"] = sch.eps_poisson_approx_after(done, self.delta)
+        out["total_bits_algorithmic"] = float(sum(r["bits_algorithmic"] for r in self.rounds))
+        out["total_bytes_carried"] = int(sum(r["bytes_carried"] for r in self.rounds))
+        return out
+
+    def save_results(self) -> None:
+        if self.out_dir is not None:
+            ensure_writable_dir(self.out_dir)
+            write_json(self.out_dir / "results.json", self.results())
+
+
+def _array(v: np.ndarray):
+    from flwr.app import Array
+
+    return Array(np.ascontiguousarray(v))
