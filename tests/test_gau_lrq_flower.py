@@ -72,8 +72,11 @@ def _initial() -> ArrayRecord:
 
 
 def _run(strategies: list[GauLRQ], secret_file: str, num_rounds: int) -> list:
+    import ray
     from flwr.simulation import run_simulation
 
+    if ray.is_initialized():  # an earlier test in this process left Ray up: Flower's simulation must start its own
+        ray.shutdown()
     results = []
     server = ServerApp()
 
