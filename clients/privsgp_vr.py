@@ -85,13 +85,14 @@ class PrivSGPParams(SGPParams):
         return out
 
 
-def adp2_matching(n: int):
-    """A(DP)2SGD's synchronous simulation (privsgp-vr.md 3.3 DECISION): ring-edge matchings alternating
-    between the even edges {(0,1),(2,3),...} (k even) and the odd edges {(1,2),(3,4),...} (k odd);
-    matched pairs average 1/2-1/2, an unmatched node keeps itself.  Doubly stochastic, period 2."""
-    from flower_dp.topology import from_matrix
+class _ADP2Matchings:
+    """``k -> W^k`` of :func:`adp2_matching` (a module-level class, so the topology pickles for process backends)."""
 
-    def P(k: int) -> np.ndarray:
+    def __init__(self, n: int) -> None:
+        self.n = int(n)
+
+    def __call__(self, k: int) -> np.ndarray:
+        n = self.n
         M = np.eye(n)
         pairs = [(a, a + 1) for a in range(k % 2, n - 1, 2)]
         if k % 2 == 1 and n % 2 == 0 and n > 2:
@@ -100,7 +101,14 @@ def adp2_matching(n: int):
             M[a, a] = M[b, b] = M[a, b] = M[b, a] = 0.5
         return M
 
-    return from_matrix(P, period=2 if n > 1 else 1, name="adp2_matching", doubly_stochastic=True)
+
+def adp2_matching(n: int):
+    """A(DP)2SGD's synchronous simulation (privsgp-vr.md 3.3 DECISION): ring-edge matchings alternating
+    between the even edges {(0,1),(2,3),...} (k even) and the odd edges {(1,2),(3,4),...} (k odd);
+    matched pairs average 1/2-1/2, an unmatched node keeps itself.  Doubly stochastic, period 2."""
+    from flower_dp.topology import from_matrix
+
+    return from_matrix(_ADP2Matchings(n), period=2 if n > 1 else 1, name="adp2_matching", doubly_stochastic=True)
 
 
 def prepare_privsgp_family(name: str, p: PrivSGPParams, *, n_nodes: int, samples_per_node, num_iters: int,

@@ -9,6 +9,9 @@ only ever used when asked for by name (``synthetic_mnist`` ...), and says so in 
 
 Partitions are lists of index arrays, deterministic given the seed; per-node sample
 counts ``J_i = len(part_i)`` feed the accountants (sampling rate ``q = B / J_i``).
+``partition(..., backend="flwr_datasets")`` uses Flower Datasets' ``DirichletPartitioner`` /
+``IidPartitioner`` (optional: ``pip install flwr-datasets``) where they fit; the papers'
+"shuffle and split evenly" (equal J, remainder dropped) has no flwr-datasets counterpart.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ __all__ = [
     "stratified_client_indices",
     "DATASETS",
     "PARTITION_SCHEMES",
+    "PARTITION_BACKENDS",
     "FASHION_MNIST_DIR",
 ]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "synthetic_fashion_mnist", "synthetic_mnist", "synthetic_cifar10")
 PARTITION_SCHEMES = ("shuffle_split", "iid", "dirichlet")
+PARTITION_BACKENDS = ("builtin", "flwr_datasets")
 _STATS = {  # per-channel mean/std of the training sets
     "fashion_mnist": ((0.2860,), (0.3530,)),
     "mnist": ((0.1307,), (0.3081,)),
@@ -237,6 +242,7 @@ def partition(
     scheme: str = "shuffle_split",
     alpha: float = 0.5,
     seed: int = 0,
+    backend: str = "builtin",
 ) -> list[np.ndarray]:
     """Split sample indices over ``n_nodes`` nodes.
 
@@ -252,12 +258,18 @@ def partition(
     alpha : float
         Dirichlet concentration (> 0; smaller = more skew).
     seed : int
+    backend : str
+        ``builtin`` (default; no extra dependency) or ``flwr_datasets``: Flower Datasets'
+        ``DirichletPartitioner`` (``self_balancing=False``, ``min_partition_size=1``, seeded
+        with ``seed``) for ``dirichlet`` and ``IidPartitioner`` on a seeded shuffle for ``iid``
+        (sizes then differ by at most one and cover every sample).  Both backends are
+        deterministic given the seed, but they draw different partitions.
 
     Returns
     -------
     list of n_nodes sorted int64 index arrays, disjoint; they cover all samples except the
-    dropped remainder of ``shuffle_split`` (privsgp-vr.md 8.15: every node gets
-    ``J = floor(N / n)``).  ``dirichlet`` covers all samples and gives every node >= 1.
+    dropped remainder of ``shuffle_split`` / builtin ``iid`` (privsgp-vr.md 8.15: every node
+    gets ``J = floor(N / n)``).  ``dirichlet`` covers all samples and gives every node >= 1.
     """
     labels = np.asarray(labels)
     if labels.ndim != 1:
@@ -266,11 +278,14 @@ def partition(
     n = len(labels)
     n_nodes = check_int("n_nodes", n_nodes, minimum=1)
     check_choice("partition scheme", scheme, PARTITION_SCHEMES)
+    check_choice("partition backend", backend, PARTITION_BACKENDS)
     if n_nodes > n:
         raise ValueError(
             f"n_nodes must be <= the number of samples ({n}) so every node gets data, got {n_nodes}; "
             "use fewer nodes or a larger dataset"
         )
+    if backend == "flwr_datasets":
+        return _partition_flwr_datasets(labels, n_nodes, scheme, alpha, seed)
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(n_nodes, 17)))
     if scheme in ("shuffle_split", "iid"):
         perm = rng.permutation(n)
@@ -290,6 +305,36 @@ def partition(
             donor = max(range(n_nodes), key=lambda j: len(parts[j]))
             parts[i].append(parts[donor].pop())
     return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+
+
+def _partition_flwr_datasets(labels: np.ndarray, n_nodes: int, scheme: str, alpha: float, seed: int) -> list[np.ndarray]:
+    """``partition(..., backend="flwr_datasets")``: run a Flower Datasets partitioner on an index/label table."""
+    if scheme == "shuffle_split":
+        raise ValueError(
+            "partition scheme 'shuffle_split' (equal J, remainder dropped) has no flwr-datasets partitioner, "
+            "got backend='flwr_datasets'; use backend='builtin', or scheme 'iid' / 'dirichlet'"
+        )
+    try:
+        import datasets
+        from flwr_datasets.partitioner import DirichletPartitioner, IidPartitioner
+    except ImportError as exc:
+        raise ImportError(
+            f"partition backend 'flwr_datasets' needs the flwr-datasets package, got {type(exc).__name__}: {exc}; "
+            "pip install flwr-datasets, or use backend='builtin'"
+        ) from exc
+    n = len(labels)
+    table = datasets.Dataset.from_dict({"label": labels.astype(np.int64), "index": np.arange(n, dtype=np.int64)})
+    if scheme == "iid":
+        perm = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(n_nodes, 17))).permutation(n)
+        table = table.select(perm)  # IidPartitioner shards contiguously: shuffle first
+        partitioner = IidPartitioner(num_partitions=n_nodes)
+    else:
+        partitioner = DirichletPartitioner(
+            num_partitions=n_nodes, partition_by="label", alpha=check_positive("alpha", alpha),
+            min_partition_size=1, self_balancing=False, shuffle=False, seed=seed,
+        )
+    partitioner.dataset = table
+    return [np.sort(np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)) for i in range(n_nodes)]
 
 
 def partition_sizes(parts: list[np.ndarray]) -> list[int]:

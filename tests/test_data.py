@@ -192,3 +192,41 @@ def test_mnist_and_cifar_without_network_say_how_to_get_them(tmp_path, monkeypat
         D.load_dataset("cifar10", root=str(tmp_path))
     D._load_mnist_like.cache_clear()
     D.load_dataset.cache_clear()
+
+
+def test_flwr_datasets_backend_dirichlet_and_iid():
+    """Issue 2: Flower Datasets' partitioners where they fit (optional dependency flwr-datasets)."""
+    pytest.importorskip("flwr_datasets")
+    from flower_dp.data import partition_sizes
+
+    labels = np.repeat(np.arange(10), 200)
+    a = partition(labels, 8, scheme="dirichlet", alpha=0.1, seed=5, backend="flwr_datasets")
+    b = partition(labels, 8, scheme="dirichlet", alpha=0.1, seed=5, backend="flwr_datasets")
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))  # deterministic given the seed
+    assert np.array_equal(np.sort(np.concatenate(a)), np.arange(2000))  # disjoint and covering
+    assert min(partition_sizes(a)) >= 1
+    dominant = [np.bincount(labels[p], minlength=10).max() / len(p) for p in a]
+    assert np.mean(dominant) > 0.4  # label skew (IID would be ~0.1)
+    iid = partition(labels, 7, scheme="iid", seed=5, backend="flwr_datasets")
+    assert sorted(set(partition_sizes(iid))) == [285, 286] and len(np.unique(np.concatenate(iid))) == 2000
+    # shuffled before sharding: every node sees (nearly) every class
+    assert all(len(np.unique(labels[p])) == 10 for p in iid)
+
+
+def test_flwr_datasets_backend_errors(monkeypatch):
+    import builtins
+
+    with pytest.raises(ValueError, match="unknown partition backend 'hf'; valid choices"):
+        partition(np.zeros(10), 2, backend="hf")
+    with pytest.raises(ValueError, match="'shuffle_split' .* has no flwr-datasets partitioner"):
+        partition(np.zeros(10), 2, scheme="shuffle_split", backend="flwr_datasets")
+    real_import = builtins.__import__
+
+    def no_fds(name, *args, **kwargs):
+        if name.startswith("flwr_datasets"):
+            raise ImportError("No module named 'flwr_datasets'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_fds)
+    with pytest.raises(ImportError, match="needs the flwr-datasets package.*pip install flwr-datasets"):
+        partition(np.zeros(10), 2, scheme="dirichlet", backend="flwr_datasets")
