@@ -22,7 +22,8 @@ node below; :func:`registry_builder` builds the algorithm nodes of
 from __future__ import annotations
 
 import functools
-import pickle
+import os
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -69,14 +70,19 @@ class ToyQuadraticNode:
         Targets ``t_i`` and ``x_i^0`` come from streams (seed, i, "init", 0/1); noise from (seed, i, "noise", k).
     stall_at, stall_s : int, float
         Sleep ``stall_s`` seconds in ``local_step`` at iteration ``stall_at`` (to test timeouts).
+    crash_at, crash_marker : int, str
+        At iteration ``crash_at``, the first node to create the file ``crash_marker`` SIGKILLs the
+        process holding it (to test a worker dying mid-segment, once per marker).
     device : str
     """
 
     def __init__(self, node_id: int, topology: Any, *, dim: int = 16, lr: float = 0.2, noise_std: float = 0.05,
-                 seed: int = 0, use_reduce: bool = True, stall_at: int = -1, stall_s: float = 0.0, device: str = "cpu"):
+                 seed: int = 0, use_reduce: bool = True, stall_at: int = -1, stall_s: float = 0.0, crash_at: int = -1,
+                 crash_marker: str = "", device: str = "cpu"):
         self.node_id, self.topology, self.dim, self.lr = int(node_id), topology, int(dim), float(lr)
         self.noise_std, self.seed, self.use_reduce = float(noise_std), int(seed), bool(use_reduce)
         self.stall_at, self.stall_s, self.device = int(stall_at), float(stall_s), device
+        self.crash_at, self.crash_marker = int(crash_at), str(crash_marker)
         self.target = torch.randn(self.dim, generator=_gen(seed, node_id, "init", 0)).to(device)
         self.x = torch.randn(self.dim, generator=_gen(seed, node_id, "init", 1)).to(device)
         self.w = 1.0
@@ -96,6 +102,13 @@ class ToyQuadraticNode:
     def local_step(self, k: int, reduced: dict[str, Any] | None = None) -> list[Share]:
         if k == self.stall_at:
             time.sleep(self.stall_s)
+        if k == self.crash_at and self.crash_marker:
+            try:  # O_EXCL: exactly one node of the whole network crashes, once
+                os.close(os.open(self.crash_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(os.getpid(), signal.SIGKILL)
         g = self.z() - self.target
         std = self.noise_std * (1.0 + float(reduced["G"])) if reduced else self.noise_std
         noise = torch.randn(self.dim, generator=_gen(self.seed, self.node_id, "noise", k)).to(self.device)
@@ -241,30 +254,39 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 
 BUILDERS: dict[str, NodeBuilder] = {"toy": toy_builder, "registry": registry_builder}
 
-_RELAY_CACHE: dict[tuple[int, int], tuple[int, Any]] = {}  # (run id, node id) -> (version, node)
+# (run id, node id, session) -> (version, node); the session tells apart strategies run one after another
+_RELAY_CACHE: dict[tuple[int, int, str], tuple[int, Any]] = {}
+
+
+def _relay_device(spec: dict) -> str:
+    """Where a relay node runs: ``spec["device"]`` (default ``"cpu"``); ``"auto"``/``"cuda"`` fall back to CPU with a log line."""
+    want = str(spec.get("device", "cpu"))
+    if want == "cpu":
+        return want
+    from flower_dp.experiments.runner import resolve_device
+
+    return resolve_device(want)
 
 
 def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | None) -> tuple[Any, int]:
     """This node, restored from ``context.state`` (or the process cache when it is current)."""
     rec = context.state["pushsum"]
-    version = int(rec["version"])
-    hit = _RELAY_CACHE.get((run_id, node_id))
+    version, session = int(rec["version"]), str(rec["session"])
+    hit = _RELAY_CACHE.get((run_id, node_id, session))
     if hit is not None and hit[0] == version:
         return hit[1], version
     spec = keys.decode(rec["spec"])
-    node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, "cpu")
+    node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, _relay_device(spec))
     node.load_state_dict(keys.decode(rec["state"]))
     return node, version
 
 
 def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version: int) -> None:
-    from flwr.app import ConfigRecord
-
-    rec = context.state["pushsum"] if "pushsum" in context.state else ConfigRecord()
+    rec = context.state["pushsum"]
     rec["state"] = keys.encode(node.state_dict())
     rec["version"] = version + 1
     context.state["pushsum"] = rec
-    _RELAY_CACHE[(run_id, node_id)] = (version + 1, node)
+    _RELAY_CACHE[(run_id, node_id, str(rec["session"]))] = (version + 1, node)
 
 
 def make_client_app(builder: NodeBuilder | None = None):
@@ -297,12 +319,16 @@ def make_client_app(builder: NodeBuilder | None = None):
                 r = spec["_ray"]
                 reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"],
                                                 b(node_id, spec, context))
-            elif "pushsum" not in context.state:
-                node = b(node_id, spec, context)(node_id, "cpu")
-                node.setup()
-                context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0})
-                _save_relay_node(context, run_id, node_id, node, 0)
-                reply["device"] = "cpu"
+            else:
+                session = str(spec.get("_session", ""))
+                rec = context.state["pushsum"] if "pushsum" in context.state else None
+                if rec is None or str(rec["session"]) != session:  # first round of this strategy run
+                    device = _relay_device(spec)
+                    node = b(node_id, spec, context)(node_id, device)
+                    node.setup()
+                    context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0, "session": session})
+                    _save_relay_node(context, run_id, node_id, node, 0)
+                    reply["device"] = device
         else:
             node, version = _relay_node(context, run_id, node_id, builder)
             out = keys.handle_relay_request(node, action, int(cfg[K["k"]]), keys.decode(cfg[K["payload"]]))

@@ -14,13 +14,24 @@ same time.  This strategy never does:
   rounds per iteration.  Slow, but it works anywhere, with the same numbers.
 
 After each segment: the network-average model is evaluated (server-side ``evaluate_fn``),
-per-node metrics (loss, bits, clip fraction, sensitivity, eps) are aggregated, a checkpoint
-and ``results.json`` are written.  The privacy budget is a pre-flight truncation: pass
-``num_iters = plan.num_iters`` of a plan from :func:`flower_dp.clients.registry.prepare`.
+per-node metrics (loss, bits, clip fraction, sensitivity, eps) are aggregated, a checksummed
+checkpoint (every node's state, history, bits) and ``results.json`` are written atomically.
+The privacy budget is a pre-flight truncation: pass ``num_iters = plan.num_iters`` of a plan
+from :func:`flower_dp.clients.registry.prepare`.
+
+Faults (issue 9): when a host actor dies mid-segment (its worker process is killed), the
+strategy logs the round, the segment and the nodes lost, starts new host actors, has the
+ClientApps register their nodes again, restores every node from the last checkpoint and
+reruns the segment: the run ends with the numbers of an uninterrupted one.  After
+``max_retries`` such restarts in one segment it stops cleanly (results so far saved) with a
+:class:`~flower_dp.gossip.NodeFailureError`.  ``resume=True`` continues a stopped run from
+``out_dir/checkpoint.pt``; a corrupted checkpoint is refused (checksum), never loaded.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -34,12 +45,14 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from flower_dp import results as rio
 from flower_dp._checks import check_choice, check_int, check_positive
-from flower_dp.errors import GossipTimeoutError, NonFiniteError
-from flower_dp.gossip import reduce_contributions, route_shares
+from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
+from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.gossip.relay import decode, encode
 
 __all__ = ["PushSumStrategy"]
+
+log = logging.getLogger(__name__)
 
 EvaluateFn = Callable[[int, torch.Tensor], dict[str, float] | None]
 
@@ -64,6 +77,13 @@ class PushSumStrategy(Strategy):
         ``results.json`` and ``checkpoint.pt`` go here after every round.
     timeout_s : float
         Longest wait for ClientApp replies and for shares between hosts.
+    checkpoint : bool
+        Write ``checkpoint.pt`` (every node's state) after each round (needs ``out_dir``).
+    max_retries : int
+        Ray transport: automatic restarts from the last checkpoint when a host actor dies in a
+        segment (0: stop at the first death).  Without ``out_dir`` the states are kept in memory.
+    resume : bool
+        Continue from ``out_dir/checkpoint.pt`` (same n_nodes, num_iters, iters_per_round, algorithm).
     backend_kwargs : dict
         Passed to :class:`RayGossipBackend` (``num_hosts``, ``nodes_per_host``, ``num_gpus_per_host``,
         ``address``, ...).
@@ -72,7 +92,7 @@ class PushSumStrategy(Strategy):
     def __init__(self, n_nodes: int, spec: dict[str, Any], *, num_iters: int, iters_per_round: int,
                  transport: str = "ray", evaluate_fn: EvaluateFn | None = None, out_dir: str | Path | None = None,
                  timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
-                 backend_kwargs: dict[str, Any] | None = None) -> None:
+                 max_retries: int = 2, resume: bool = False, backend_kwargs: dict[str, Any] | None = None) -> None:
         self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
         self.spec = dict(spec)
         self.num_iters = check_int("num_iters", num_iters, minimum=1)
@@ -81,6 +101,12 @@ class PushSumStrategy(Strategy):
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
         self.out_path = rio.ensure_writable_dir(out_dir) if out_dir else None
         self.checkpoint, self.run_name = bool(checkpoint), run_name
+        self.max_retries = check_int("max_retries", max_retries, minimum=0)
+        self.resume = bool(resume)
+        if self.resume and self.out_path is None:
+            raise ValueError("resume=True needs the out_dir holding checkpoint.pt; got out_dir=None")
+        # tells this run's relay nodes apart from those of an earlier strategy in the same Flower run
+        self.spec["_session"] = f"{run_name}-{os.getpid()}-{id(self):x}-{time.time_ns()}"
         self.backend_kwargs = dict(backend_kwargs or {})
         self.backend = None
         self.node_of: dict[int, int] = {}  # Flower node id -> push-sum node id
@@ -89,6 +115,9 @@ class PushSumStrategy(Strategy):
         self.privacy: list[dict[str, Any]] = []
         self.last_average: torch.Tensor | None = None
         self.timings: dict[str, float] = {}
+        self.failures: list[dict[str, Any]] = []  # one entry per dead host actor (round, segment, nodes)
+        self._snapshot: dict[str, Any] | None = None  # last checkpoint, kept in memory
+        self._relay_ready = False
 
     # -- Strategy ABC (Message API) -----------------------------------------------------
     def summary(self) -> None:
@@ -124,15 +153,22 @@ class PushSumStrategy(Strategy):
         rounds = -(-self.num_iters // self.iters_per_round) if num_rounds is None else int(num_rounds)
         result = Result()
         status, error = "running", None
+        k_done = 0
+        if self.resume:
+            self._snapshot = self._load_checkpoint()
+            k_done = int(self._snapshot["k"])
+            self.history, self.bits = list(self._snapshot["history"]), np.asarray(self._snapshot["bits"], dtype=np.int64)
         try:
             for rnd in range(1, rounds + 1):
                 k0 = (rnd - 1) * self.iters_per_round
                 k1 = min(self.num_iters, k0 + self.iters_per_round)
                 if k0 >= k1:
                     break
-                self._register(grid, rnd)
+                if k1 <= k_done:
+                    continue  # finished before the resume
+                self._register(grid, rnd, k0)
                 if self.transport == "ray":
-                    self._ray_segment(rnd, k0, k1)
+                    self._ray_segment_with_retries(grid, rnd, k0, k1)
                 else:
                     self._relay_segment(grid, rnd, k0, k1)
                 row = self.history[-1]
@@ -154,7 +190,9 @@ class PushSumStrategy(Strategy):
         self.timings["total_s"] = time.perf_counter() - t0
         return result
 
-    def _register(self, grid: Grid, rnd: int) -> None:
+    def _register(self, grid: Grid, rnd: int, k0: int) -> None:
+        """Send this round's ``register`` messages; on a fresh start, set the nodes up or restore them at ``k0``."""
+        fresh = self.backend is None if self.transport == "ray" else not self._relay_ready
         if self.transport == "ray" and self.backend is None:
             from flower_dp.gossip.ray_backend import RayGossipBackend
 
@@ -180,10 +218,71 @@ class PushSumStrategy(Strategy):
                 f"round {rnd}: only {len(replies)} of {self.n_nodes} ClientApps replied within {self.timeout_s:.0f} s "
                 f"(nodes registered: {have}); set num-supernodes = {self.n_nodes}, give every SuperNode a distinct "
                 "partition-id, or raise timeout_s")
-        if rnd == 1:
-            if self.backend is not None:
-                self.backend.setup()
-            self.timings["register_first_round_s"] = time.perf_counter() - t
+        if fresh:
+            if k0 == 0:
+                if self.backend is not None:
+                    self.backend.setup()
+            else:
+                states = self._restore(k0)
+                if self.backend is not None:
+                    self.backend.wait_registered()
+                    self.backend.load_state_dicts(states)
+                else:
+                    self._send(grid, "load", k0, {i: {"state": states[i]} for i in range(self.n_nodes)})
+            self._relay_ready = self.transport == "relay"
+            self.timings.setdefault("register_first_round_s", time.perf_counter() - t)
+
+    # -- checkpoints and faults -------------------------------------------------------------
+    def _meta(self) -> dict[str, Any]:
+        return {"n_nodes": self.n_nodes, "num_iters": self.num_iters, "iters_per_round": self.iters_per_round,
+                "algorithm": self.spec.get("algorithm", "custom")}
+
+    def _load_checkpoint(self) -> dict[str, Any]:
+        ck = rio.load_checkpoint(self.out_path)  # refuses a corrupted file (checksum)
+        if ck.get("meta") != self._meta():
+            raise CheckpointError(f"the checkpoint in {str(self.out_path)!r} was written by a different run "
+                                  f"({ck.get('meta')}), got {self._meta()}; resume with the same settings or use a "
+                                  "new out_dir")
+        return ck
+
+    def _restore(self, k0: int) -> dict[int, Any]:
+        """Node states (and history, bits) of the checkpoint at iteration ``k0``."""
+        ck = self._snapshot
+        if ck is None or int(ck["k"]) != k0:
+            if self.out_path is None or not self.checkpoint:
+                raise CheckpointError(f"no checkpoint at k={k0} to restore the nodes from, got none; run with an "
+                                      "out_dir and checkpoint=True")
+            ck = self._load_checkpoint()
+        if int(ck["k"]) != k0:
+            raise CheckpointError(f"the checkpoint in {str(self.out_path)!r} is at k={ck['k']}, the nodes must be "
+                                  f"restored at k={k0}; got a stale file, start a new out_dir")
+        self.history = list(ck["history"])
+        self.bits = np.asarray(ck["bits"], dtype=np.int64)
+        return {i: st for i, st in enumerate(ck["nodes"])}
+
+    def _ray_segment_with_retries(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
+        for attempt in range(self.max_retries + 1):
+            try:
+                self._ray_segment(rnd, k0, k1)
+                return
+            except NodeFailureError as exc:
+                self.failures.append({"round": rnd, "k0": k0, "k1": k1, "host": exc.host, "nodes": exc.nodes,
+                                      "attempt": attempt + 1, "error": str(exc)})
+                self.backend.shutdown()
+                self.backend = None
+                if attempt == self.max_retries:
+                    raise NodeFailureError(
+                        f"round {rnd} (segment k={k0}..{k1 - 1}): nodes {exc.nodes} died with their host actor "
+                        f"{exc.host}; stopped after {attempt} automatic restart(s) from the last checkpoint "
+                        f"(max_retries={self.max_retries}); the results so far and the checkpoint at k={k0} are kept: "
+                        "rerun with resume=True or raise max_retries", host=exc.host, nodes=exc.nodes, k0=k0, k1=k1,
+                    ) from exc
+                log.warning("round %d (segment k=%d..%d): nodes %s died with host actor %d; restarting the host "
+                            "actors from the checkpoint at k=%d (attempt %d of %d)", rnd, k0, k1 - 1, exc.nodes,
+                            exc.host, k0, attempt + 1, self.max_retries)
+                if k0 == 0:
+                    self._snapshot = None
+                self._register(grid, rnd, k0)
 
     def _ray_segment(self, rnd: int, k0: int, k1: int) -> None:
         be = self.backend
@@ -192,7 +291,8 @@ class PushSumStrategy(Strategy):
         self.bits += seg.bits_sent
         avg = be.network_average()
         self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
-        states = be.state_dicts() if (self.checkpoint and self.out_path is not None) else None
+        keep = (self.checkpoint and self.out_path is not None) or self.max_retries > 0
+        states = be.state_dicts() if keep else None
         self._finish_segment(rnd, k1, seg.metric_means(), avg, states)
 
     def _send(self, grid: Grid, action: str, k: int, per_node: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -232,13 +332,14 @@ class PushSumStrategy(Strategy):
             for i, shares in outboxes.items():
                 self.bits[i] += sum(int(s.wire_bits) for s in shares if s.receiver != i)
             inbox = route_shares(outboxes, list(range(self.n_nodes)))
-        rep = self._send(grid, "flush", k1, {i: {"inbox": inbox[i]} for i in range(self.n_nodes)})
+        want = self.checkpoint and self.out_path is not None
+        rep = self._send(grid, "flush", k1, {i: {"inbox": inbox[i], "state": want} for i in range(self.n_nodes)})
         self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + time.perf_counter() - t_seg
         flats = torch.stack([rep[i]["eval_params"].to(torch.float64) for i in range(self.n_nodes)])
         avg = (flats.sum(0) / self.n_nodes).to(torch.float32)
         self.privacy = [dict(rep[i]["privacy"], node=i) for i in range(self.n_nodes)]
         means = {key: float(np.nanmean(v)) for key, v in rows.items()}
-        self._finish_segment(rnd, k1, means, avg, None)
+        self._finish_segment(rnd, k1, means, avg, {i: rep[i]["state"] for i in range(self.n_nodes)} if want else None)
 
     def _finish_segment(self, rnd: int, k: int, means: dict[str, float], avg: torch.Tensor, states: Any) -> None:
         if not bool(torch.isfinite(avg).all()):
@@ -251,8 +352,13 @@ class PushSumStrategy(Strategy):
                 row["eval"] = {key: float(v) for key, v in ev.items()}
         self.history.append(row)
         if states is not None:
-            rio.save_checkpoint(self.out_path, {"k": k, "nodes": [states[i] for i in range(self.n_nodes)],
-                                                "history": self.history, "bits": self.bits.tolist()})
+            snap = {"meta": self._meta(), "k": k, "nodes": [states[i] for i in range(self.n_nodes)],
+                    "history": list(self.history), "bits": self.bits.tolist(), "privacy": self.privacy}
+            if self.checkpoint and self.out_path is not None:
+                rio.save_checkpoint(self.out_path, snap)
+                self._snapshot = None  # restore from the checksummed file
+            else:
+                self._snapshot = snap
 
     def _write(self, status: str, t0: float, error: str | None) -> None:
         if self.out_path is None:
@@ -261,5 +367,6 @@ class PushSumStrategy(Strategy):
                "algorithm": self.spec.get("algorithm", "custom"), "num_iters": self.num_iters,
                "iters_per_round": self.iters_per_round, "history": self.history,
                "privacy": {"per_node": self.privacy}, "bits_sent_per_node": self.bits.tolist(),
+               "failures": self.failures,
                "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}
         rio.write_json(self.out_path / "results.json", rio.jsonable(doc))

@@ -7,7 +7,15 @@ lazily, only by the Ray backend.
 
 from .inprocess import check_routing, route_shares, run_iteration, run_iterations
 from .messages import REDUCE_OPS, Contribution, IterationLog, Node, Share, reduce_contributions
-from .ray_backend import RayGossipBackend, SegmentResult, ensure_ray, host_actor_name, host_of, register_node
+from .ray_backend import (
+    NodeFailureError,
+    RayGossipBackend,
+    SegmentResult,
+    ensure_ray,
+    host_actor_name,
+    host_of,
+    register_node,
+)
 
 __all__ = [
     "Share",
@@ -21,6 +29,7 @@ __all__ = [
     "route_shares",
     "check_routing",
     "RayGossipBackend",
+    "NodeFailureError",
     "SegmentResult",
     "ensure_ray",
     "register_node",

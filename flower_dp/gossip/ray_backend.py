@@ -24,7 +24,9 @@ naming the missing senders, ``k`` and the likely cause.  Ray is imported lazily.
 
 from __future__ import annotations
 
+import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -34,10 +36,55 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_nonnegative, check_positive
-from ..errors import GossipTimeoutError
+from ..errors import FlowerDPError, GossipTimeoutError
 from .ray_host import NodeFactory, remote_host_class
 
-__all__ = ["RayGossipBackend", "SegmentResult", "host_of", "host_actor_name", "register_node", "ensure_ray"]
+__all__ = ["RayGossipBackend", "SegmentResult", "NodeFailureError", "host_of", "host_actor_name", "register_node",
+           "ensure_ray", "check_ray_address"]
+
+log = logging.getLogger(__name__)
+
+
+class NodeFailureError(FlowerDPError, RuntimeError):
+    """A host actor (the worker process holding some nodes) died during a segment.
+
+    Attributes
+    ----------
+    host : int
+        The dead host.
+    nodes : list of int
+        The push-sum nodes that lived on it (their state is lost; other hosts' nodes are
+        mid-segment, so the whole network must be restored from a checkpoint).
+    k0, k1 : int
+        The segment ``k0 .. k1 - 1`` that was running.
+    """
+
+    def __init__(self, message: str, *, host: int, nodes: list[int], k0: int, k1: int) -> None:
+        super().__init__(message)
+        self.host, self.nodes, self.k0, self.k1 = int(host), list(nodes), int(k0), int(k1)
+
+
+def check_ray_address(address: str, *, timeout_s: float = 3.0) -> None:
+    """Fail fast, with the fix, when ``address`` (``"host:port"``) does not accept connections.
+
+    ``"auto"`` and ``"ray://..."`` addresses are left to Ray.  Without this check ``ray.init``
+    retries for a minute or more before it gives up.
+    """
+    if address in ("auto", "local") or "://" in address:
+        return
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"Ray address must be 'auto', 'ray://host:port' or 'host:port', got {address!r}; "
+                         "pass the address `ray start --head` printed, or unset RAY_ADDRESS to start a local Ray")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConnectionError(
+            f"the Ray address {address!r} does not answer ({exc.strerror or exc}); valid: the GCS address of a running "
+            f"head. Start one with `ray start --head --node-ip-address={host} --port={port} --include-dashboard=false`, "
+            "fix RAY_ADDRESS / backend_kwargs['address'], or unset it to start a local Ray on 127.0.0.1"
+        ) from exc
 
 
 def host_of(node_id: int, n_nodes: int, num_hosts: int) -> int:
@@ -79,6 +126,8 @@ def ensure_ray(address: str | None = None, *, wait_s: float = 0.0, num_cpus: int
                           "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     if not addr:
         kw.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
+    else:
+        check_ray_address(addr)
     try:
         ray.init(address=addr, **kw)
     except RuntimeError:
@@ -149,7 +198,8 @@ class RayGossipBackend:
         Give one.  Default: one host per CPU core Ray reports, at most ``n_nodes``.
     num_gpus_per_host : float
         GPU fraction each host asks Ray for (e.g. 0.25: four hosts share a GPU); node tensors
-        are moved to it.  With none available the host logs a line and uses the CPU.
+        are moved to it.  When the Ray cluster has no GPU, the request is dropped with a log
+        line and the hosts use the CPU (Ray would otherwise never schedule them).
     num_cpus_per_host : float
         CPUs each host reserves (default 0, so hosts always fit beside Flower's ClientApp pool).
     threads_per_host : int
@@ -203,6 +253,10 @@ class RayGossipBackend:
             else:
                 num_hosts = max(1, int(ray.cluster_resources().get("CPU", 1)))
         self.num_hosts = min(check_int("num_hosts", num_hosts, minimum=1), self.n_nodes)
+        if self.num_gpus_per_host > 0 and not ray.cluster_resources().get("GPU", 0):
+            log.warning("num_gpus_per_host=%s but the Ray cluster has no GPU; falling back to CPU for all %d host actors",
+                        self.num_gpus_per_host, self.num_hosts)
+            self.num_gpus_per_host = 0.0
         self.placement = {h: [] for h in range(self.num_hosts)}
         for i in range(self.n_nodes):
             self.placement[host_of(i, self.n_nodes, self.num_hosts)].append(i)
@@ -314,6 +368,16 @@ class RayGossipBackend:
             for r in done:
                 try:
                     results[refs[r]] = ray.get(r)
+                except ray.exceptions.RayActorError as exc:
+                    h = refs[r]
+                    errors.append((h, NodeFailureError(
+                        f"host actor {h} (nodes {self.placement[h]}) died during the segment k={k0}..{k1 - 1}: "
+                        f"{type(exc).__name__}; their state is lost; restore every node from the last checkpoint "
+                        "(PushSumStrategy does this by itself, max_retries) or rerun", host=h, nodes=self.placement[h],
+                        k0=k0, k1=k1)))
+                    self._abort_others(h, f"host {h} died", refs, pending)
+                    if deadline is None:
+                        deadline = time.monotonic() + self.timeout_s + 10.0
                 except Exception as exc:  # noqa: BLE001 - re-raised below with the most useful first
                     errors.append((refs[r], exc))
                     if deadline is None:
@@ -322,6 +386,8 @@ class RayGossipBackend:
             # a root cause (a node's own error, a dead actor) beats the timeouts it caused;
             # a timeout naming the missing senders beats an "aborted" echo of it
             def rank(e: tuple[int, BaseException]) -> int:
+                if isinstance(e[1], NodeFailureError):
+                    return -1
                 if not isinstance(e[1], GossipTimeoutError):
                     return 0
                 return 2 if "aborted the segment" in str(e[1]) else 1
@@ -335,6 +401,14 @@ class RayGossipBackend:
             metrics.update({int(i): m for i, m in results[h]["metrics"].items()})
         return SegmentResult(int(k0), int(k1), bits, dict(sorted(metrics.items())), results[0]["reduced"],
                              time.perf_counter() - t0)
+
+    def _abort_others(self, dead: int, why: str, refs: dict, pending: list) -> None:
+        """Tell the hosts still running the segment to stop waiting for the dead one."""
+        for r in pending:
+            try:
+                self.hosts[refs[r]].deliver.remote("abort", -1, dead, why)
+            except Exception:  # noqa: BLE001 - that host is gone as well
+                pass
 
     def network_average(self, method: str = "eval_params") -> Any:
         """Mean over nodes of ``node.eval_params()`` (float64 sum in node order, returned as float32)."""

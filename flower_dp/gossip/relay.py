@@ -10,7 +10,8 @@ node's contributions or, when it has none, directly with its shares) plus, only 
 algorithms that contribute (DPPS family), a second one ("step", with the reduced values).
 Each request also carries the node's inbox of ``k - 1``, which the node mixes first; a
 segment ends with a "flush" request that mixes the last inbox and returns the node's
-evaluation parameters and privacy report.  Metrics are those of the last ``local_step``
+evaluation parameters and privacy report (and, when asked, its ``state_dict`` for the
+coordinator's checkpoint; a "load" request puts such a state back, for resuming).  Metrics are those of the last ``local_step``
 (the node contract), sent with the shares.  Call order per node is exactly the in-process one, so
 the numbers are identical.
 """
@@ -24,13 +25,13 @@ __all__ = ["encode", "decode", "handle_relay_request", "MESSAGE_KEYS"]
 
 #: ConfigRecord keys of the push-sum protocol (both transports).
 MESSAGE_KEYS = {
-    "action": "pushsum.action",  # "register" | "contribute" | "step" | "flush"
+    "action": "pushsum.action",  # "register" | "contribute" | "step" | "flush" | "load"
     "k": "pushsum.k",
     "payload": "pushsum.payload",  # bytes (encode) of the request / reply dict
     "spec": "pushsum.spec",  # bytes (encode) of the node spec (first round)
     "transport": "pushsum.transport",  # "ray" | "relay"
 }
-ACTIONS = ("register", "contribute", "step", "flush")
+ACTIONS = ("register", "contribute", "step", "flush", "load")
 
 
 def encode(obj: Any) -> bytes:
@@ -59,19 +60,22 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
     action : str
         ``"contribute"`` (mix ``request["inbox"]`` if present, then ``contribute(k)``; if that is
         ``None``, ``local_step(k, None)`` at once), ``"step"`` (``local_step(k, request["reduced"])``)
-        or ``"flush"`` (mix the inbox, then report).
+        , ``"flush"`` (mix the inbox, then report) or ``"load"`` (``load_state_dict(request["state"])``).
     request : dict
-        ``{"inbox": list[Share] | None, "reduced": dict | None, "report": bool}``.
+        ``{"inbox": list[Share] | None, "reduced": dict | None, "state": bool | dict}``.
 
     Returns
     -------
     dict
         ``{"contrib": ...}`` or ``{"shares": [...], "metrics": last_metrics()}``, and, on
-        flush, ``"eval_params"`` and ``"privacy"``.
+        flush, ``"eval_params"``, ``"privacy"`` and, with ``request["state"]`` true, ``"state"``.
     """
-    if action not in ("contribute", "step", "flush"):
-        raise ValueError(f"relay action must be one of contribute/step/flush, got {action!r}")
+    if action not in ("contribute", "step", "flush", "load"):
+        raise ValueError(f"relay action must be one of contribute/step/flush/load, got {action!r}")
     reply: dict[str, Any] = {}
+    if action == "load":
+        node.load_state_dict(request["state"])
+        return reply
     inbox = request.get("inbox")
     if inbox is not None:
         node.mix(sorted(inbox, key=lambda s: s.sender))
@@ -90,4 +94,6 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
         reply["eval_params"] = node.eval_params().detach().cpu()
         rep = getattr(node, "privacy_report", None)
         reply["privacy"] = dict(rep()) if callable(rep) else {}
+        if request.get("state"):
+            reply["state"] = node.state_dict()
     return reply
