@@ -21,6 +21,7 @@ COMMANDS: list[tuple[str, str]] = [
     ("flower_dp.privacy.cli", "register"),
     ("flower_dp.audit_cli", "register"),
     ("flower_dp.bench_cli", "register"),
+    ("flower_dp.reproduce.cli", "register"),
 ]
 
 

@@ -1,0 +1,163 @@
+"""Reproduce the papers' headline experiments: ``flower-dp reproduce PAPER``.
+
+>>> from flower_dp.reproduce import reproduce
+>>> rep = reproduce("dp-csgp", scale="smoke", out="runs/repro")   # doctest: +SKIP
+>>> [(c.name, c.passed) for c in rep.claims]                       # doctest: +SKIP
+
+Scales: ``smoke`` (seconds to a few minutes; tests), ``ci`` (minutes on 2 CPU cores, the
+committed reports in ``docs/results/<paper>/``), ``full`` (the paper's setting; a GPU or a Ray
+cluster).  Output in ``out``: ``records.json``/``records.csv`` (one record per run),
+``summary.csv`` (seeds grouped), PNG plots and ``report.md``; each run's own results folder is
+under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep resumes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import results as rio
+from ..errors import ConfigError
+from .core import BACKENDS, SCALES, Claim, Paper, RunSpec, group_records, machine_string, run_sweep
+
+__all__ = ["PAPERS", "reproduce", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
+
+#: paper name -> module under flower_dp.reproduce.papers
+PAPERS: dict[str, str] = {
+    "dyn-d2p": "dyn_d2p",
+    "privsgp-vr": "privsgp_vr",
+    "dp-csgp": "dp_csgp",
+    "partpsp": "partpsp",
+    "gau-lrq": "gau_lrq",
+}
+
+
+def get_paper(name: str) -> Paper:
+    """The :class:`Paper` named ``name`` (one of :data:`PAPERS`)."""
+    if name not in PAPERS:
+        raise ConfigError(f"unknown paper {name!r}; valid choices are {sorted(PAPERS)}")
+    return importlib.import_module(f"flower_dp.reproduce.papers.{PAPERS[name]}").PAPER
+
+
+@dataclass
+class Reproduction:
+    """What :func:`reproduce` returns."""
+
+    paper: str
+    table: str
+    scale: str
+    records: list[dict[str, Any]]
+    claims: list[Claim]
+    report_path: Path
+    wall_time_s: float
+
+
+def _check(name: str, value: Any, valid: tuple | list | dict, what: str) -> None:
+    if value not in valid:
+        raise ConfigError(f"unknown {what} {value!r}; valid choices are {sorted(valid)}")
+
+
+def reproduce(
+    paper: str,
+    *,
+    table: str | None = None,
+    scale: str = "ci",
+    backend: str = "inprocess",
+    out: str | Path | None = None,
+    seeds: int | None = None,
+    command: str | None = None,
+    log=print,
+) -> Reproduction:
+    """Run (or resume) a paper's headline experiment and write its records, plots and report.
+
+    Parameters
+    ----------
+    paper : one of :data:`PAPERS`
+    table : which table/figure of the paper (default: the paper's headline one; see ``tables``)
+    scale : "smoke" | "ci" | "full"
+    backend : "inprocess" (the reference runner) | "flower" (Flower simulation on Ray, same numbers)
+    out : output folder (default ``runs/reproduce/<paper>-<table>-<scale>``)
+    seeds : number of seeds (default: the paper's default for the scale; the papers averaged 5 runs)
+    """
+    p = get_paper(paper)
+    table = table or p.default_table
+    _check("table", table, p.tables, f"table for {paper} (valid: {p.tables})")
+    _check("scale", scale, SCALES, "scale")
+    _check("backend", backend, BACKENDS, "backend")
+    n_seeds = p.default_seeds.get(scale, 1) if seeds is None else int(seeds)
+    if n_seeds < 1:
+        raise ConfigError(f"seeds must be >= 1, got {seeds!r}; pass --seeds 1 or more")
+    out_path = Path(out) if out is not None else Path("runs") / "reproduce" / f"{paper}-{table}-{scale}"
+    out_path = rio.ensure_writable_dir(out_path)
+    specs = p.build_runs(scale, table, list(range(n_seeds)))
+    cmd = command or ("flower-dp reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:])
+                      if sys.argv and sys.argv[0].endswith("flower-dp") else
+                      f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
+                      f"--seeds {n_seeds} --out {out_path}")
+    meta = {"paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
+            "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions()}
+    log(f"reproduce {paper} ({p.tables[table]}), scale {scale}, backend {backend}, {len(specs)} runs "
+        f"({n_seeds} seed(s)) -> {out_path}")
+    t0 = time.perf_counter()
+    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log)
+    wall = time.perf_counter() - t0
+    claims = p.check_claims(records, table, scale)
+    tables_md, plots = p.render(records, table, scale, out_path)
+    summary = [{k: v for k, v in g.items() if k != "records"} for g in group_records(records)]
+    rio.write_csv(out_path / "summary.csv", summary)
+    meta["sweep_wall_time_s"] = wall
+    meta["compute_time_s"] = sum(float(r.get("wall_time_s", 0.0) or 0.0) for r in records)
+    report = _report_md(p, meta, records, claims, tables_md, plots)
+    rio.atomic_write_bytes(out_path / "report.md", report.encode())
+    for c in claims:
+        state = {True: "PASS", False: "FAIL", None: "n/a"}[c.passed]
+        log(f"  [{state}] {c.name}: {c.detail}")
+    log(f"report: {out_path / 'report.md'}")
+    return Reproduction(paper, table, scale, records, claims, out_path / "report.md", wall)
+
+
+def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[str], plots: list[str]) -> str:
+    datasets = sorted({str(r.get("dataset")) for r in records})
+    synthetic = any(r.get("synthetic_data") for r in records)
+    compute = meta["compute_time_s"]
+    lines = [
+        f"# {p.title} — reproduction ({meta['table']}: {p.tables[meta['table']]})",
+        "",
+        f"Scale **{meta['scale']}**, backend **{meta['backend']}**, {meta['seeds']} seed(s), "
+        f"{len(records)} runs, dataset(s): {', '.join(datasets)}"
+        + (" (**synthetic stand-in**)" if synthetic else "") + ".",
+        "",
+        "Command (resumes: finished runs are reused, an interrupted one continues from its checkpoint):",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"Compute time of the runs: {compute / 60:.1f} min (sum of the runs' wall times; "
+        f"this invocation took {meta['sweep_wall_time_s'] / 60:.1f} min). Machine: {meta['machine']}. "
+        f"Versions: torch {meta['versions'].get('torch')}, flwr {meta['versions'].get('flwr')}, "
+        f"dp-accounting {meta['versions'].get('dp-accounting')}.",
+        "",
+        "Accuracy is the test accuracy of the final network-average model (federated: the global model). "
+        "`eps rigorous` is the PLD/RDP eps (dp-accounting) of the noise actually added, max over nodes; "
+        "`eps paper` is what the paper's own formula claims for the same run.",
+        "",
+    ]
+    lines += tables_md
+    lines += ["", "## Claims", "", "| claim | verdict | our numbers |", "|---|---|---|"]
+    for c in claims:
+        verdict = {True: "**reproduced**", False: "**not reproduced**", None: "not checkable at this scale"}[c.passed]
+        lines.append(f"| {c.name} | {verdict} | {c.detail} |")
+    lines += ["", "## Why our numbers differ from the paper's", ""]
+    lines += [f"- {d}" for d in p.differences(meta["table"], meta["scale"])]
+    if plots:
+        lines += ["", "## Plots", ""]
+        lines += [f"![{name}]({name})" for name in plots]
+    lines += ["", "Files: `records.json` / `records.csv` (one record per run, with its history), `summary.csv` "
+              "(seeds grouped), `runs/<run_id>/results.json` (each run's full results).", ""]
+    return "\n".join(lines)

@@ -1,0 +1,325 @@
+"""The reproduction engine: run a paper's grid of experiments, resume it, summarise, plot, report.
+
+A paper (``flower_dp.reproduce.papers.<name>``) describes its headline experiments as a list of
+:class:`RunSpec` (one per run and seed) and knows how to check its claims on the finished
+records.  This module does everything else, the same way for every paper:
+
+* each run gets a folder ``OUT/runs/<run_id>/`` holding the runner's ``results.json``,
+  ``history.csv`` and checkpoint; a run whose ``results.json`` says it finished (with the same
+  config) is **not** run again, and a run with a checkpoint continues from it, so an interrupted
+  sweep resumes where it stopped;
+* ``OUT/records.json`` / ``OUT/records.csv``: one record per run (labels, seed, config, final and
+  best accuracy, loss, bits, rigorous and paper eps per node, wall time, versions), rewritten
+  atomically after every run;
+* ``OUT/summary.csv``: the records grouped over seeds (mean, std, count);
+* PNG plots and ``OUT/report.md``: our table beside the paper's, the claims checked with their
+  numbers, the exact command line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from .. import results as rio
+
+__all__ = [
+    "RunSpec",
+    "Claim",
+    "Paper",
+    "SCALES",
+    "BACKENDS",
+    "run_sweep",
+    "group_records",
+    "fmt",
+    "mean_std",
+]
+
+SCALES = ("smoke", "ci", "full")
+BACKENDS = ("inprocess", "flower")
+_DONE = ("finished", "stopped_by_budget")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a reproduction.
+
+    run_id : unique, filesystem-safe name (it is the run's folder)
+    labels : what the report groups by, e.g. ``{"algorithm": "Dyn-D2P", "eps": 0.3, "calibration": "paper"}``
+    config : an experiment config dict for :func:`flower_dp.experiments.config_from_dict` (``kind="pushsum"``)
+             or the keyword arguments of the paper's own runner (other kinds)
+    seed : the seed (also in ``config``); records with equal labels and different seeds are averaged
+    kind : "pushsum" (the experiment runner) or a paper-specific runner name
+    """
+
+    run_id: str
+    labels: dict[str, Any]
+    config: dict[str, Any]
+    seed: int = 0
+    kind: str = "pushsum"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A paper's claim checked on our records."""
+
+    name: str
+    passed: bool | None  # None = could not be checked at this scale
+    detail: str
+
+
+@dataclass
+class Paper:
+    """What a paper contributes to a reproduction (see ``flower_dp.reproduce.papers``)."""
+
+    name: str
+    title: str
+    tables: dict[str, str]
+    default_table: str
+    build_runs: Callable[[str, str, list[int]], list[RunSpec]]
+    check_claims: Callable[[list[dict[str, Any]], str, str], list[Claim]]
+    render: Callable[[list[dict[str, Any]], str, str, Path], tuple[list[str], list[str]]]
+    """render(records, table, scale, out) -> (markdown lines of tables, list of written plot file names)"""
+    differences: Callable[[str, str], list[str]]
+    runners: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
+    default_seeds: dict[str, int] = field(default_factory=lambda: {"smoke": 1, "ci": 1, "full": 5})
+
+
+# --------------------------------------------------------------------------------------------- running
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    quiet = bool(os.environ.get("CI")) or not sys.stderr.isatty()
+    return tqdm(total=total, desc=desc, unit="run", disable=quiet)
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
+    """Run (or resume, or reuse) one push-sum experiment; return its results document."""
+    from ..experiments import config_from_dict, run_experiment
+
+    cfg = config_from_dict(spec.config)
+    doc = _load_json(run_dir / "results.json")
+    if doc and doc.get("status") in _DONE and doc.get("config") == cfg.to_dict():
+        doc["_reused"] = True
+        return doc
+    if backend == "flower":
+        from ..experiments.flower_backend import run_flower_experiment
+
+        run_flower_experiment(cfg, out_dir=run_dir)
+    else:
+        resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and bool(doc) and doc.get("config") == cfg.to_dict()
+        run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
+    doc = _load_json(run_dir / "results.json")
+    if doc is None:
+        raise RuntimeError(f"run {spec.run_id!r} wrote no results.json in {str(run_dir)!r}")
+    return doc
+
+
+def _per_node(doc: dict[str, Any], key: str) -> list[float]:
+    return [float(p.get(key, float("nan"))) for p in doc.get("privacy", {}).get("per_node", [])]
+
+
+def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
+    """One flat record of a finished run (what the report and the CSV are made of)."""
+    hist = doc.get("history", [])
+    accs = [float(h.get("acc_avg", float("nan"))) for h in hist]
+    eps_r, eps_p = _per_node(doc, "eps_rigorous"), _per_node(doc, "eps_paper")
+    info = doc.get("info", {})
+    rec = {
+        "run_id": spec.run_id,
+        **{f"label_{k}": v for k, v in spec.labels.items()},
+        "seed": spec.seed,
+        "status": doc.get("status"),
+        "num_iters": doc.get("num_iters"),
+        "final_acc": accs[-1] if accs else float("nan"),
+        "best_acc": max(accs) if accs else float("nan"),
+        "final_loss": float(hist[-1].get("test_loss_avg", float("nan"))) if hist else float("nan"),
+        "bits_total": float(hist[-1].get("bits_total", float("nan"))) if hist else float("nan"),
+        "eps_rigorous": max(eps_r) if eps_r else float("nan"),
+        "eps_paper": max(eps_p) if eps_p else float("nan"),
+        "delta": (doc.get("privacy", {}).get("per_node") or [{}])[0].get("delta"),
+        "dataset": info.get("dataset", doc.get("dataset")),
+        "synthetic_data": info.get("synthetic_data", False),
+        "backend": doc.get("backend", "inprocess"),
+        "wall_time_s": float(doc.get("wall_time_s", float("nan"))),
+        "reused": bool(doc.get("_reused", False)),
+    }
+    rec.update(doc.get("extra_record", {}))
+    rec["labels"] = dict(spec.labels)
+    rec["history"] = hist
+    return rec
+
+
+_CSV_SKIP = ("labels", "history", "config")
+
+
+def _write_records(out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    rio.write_json(out / "records.json", {"meta": meta, "records": records})
+    rio.write_csv(out / "records.csv", [{k: v for k, v in r.items() if k not in _CSV_SKIP} for r in records])
+
+
+def run_sweep(
+    paper: Paper,
+    specs: list[RunSpec],
+    out: Path,
+    *,
+    backend: str = "inprocess",
+    meta: dict[str, Any] | None = None,
+    log: Callable[[str], None] = print,
+) -> list[dict[str, Any]]:
+    """Run every spec not already finished in ``out/runs``; return one record per spec (in order)."""
+    out = rio.ensure_writable_dir(out)
+    (out / "runs").mkdir(exist_ok=True)
+    ids = [s.run_id for s in specs]
+    if len(set(ids)) != len(ids):
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"run ids must be unique within a reproduction, got duplicates {dup}")
+    records: list[dict[str, Any]] = []
+    meta = dict(meta or {})
+    bar = _progress(len(specs), f"{paper.name}")
+    try:
+        for spec in specs:
+            run_dir = out / "runs" / spec.run_id
+            run_dir.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            if spec.kind == "pushsum":
+                doc = _run_pushsum(spec, run_dir, backend)
+            else:
+                runner = paper.runners.get(spec.kind)
+                if runner is None:
+                    raise ValueError(f"paper {paper.name!r} has no runner for kind {spec.kind!r}")
+                doc = runner(spec, run_dir, backend)
+            rec = record_from_doc(spec, doc)
+            records.append(rec)
+            state = "reused (already finished)" if rec["reused"] else f"done in {time.perf_counter() - t0:.0f} s"
+            log(f"[{len(records)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "
+                f"eps rigorous {fmt(rec['eps_rigorous'])} (paper {fmt(rec['eps_paper'])}) - {state}")
+            _write_records(out, records, meta)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return records
+
+
+# --------------------------------------------------------------------------------------------- summaries
+
+def fmt(x: Any, nd: int = 3) -> str:
+    """A number for a table: ``nan`` -> '-', large values in scientific notation."""
+    if x is None:
+        return "-"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "inf"
+    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
+        return f"{v:.{nd}g}"
+    return f"{v:.{nd}f}"
+
+
+def mean_std(vals: Iterable[float]) -> tuple[float, float, int]:
+    arr = np.asarray([float(v) for v in vals if v is not None and not math.isnan(float(v))], dtype=float)
+    if arr.size == 0:
+        return float("nan"), float("nan"), 0
+    return float(arr.mean()), float(arr.std(ddof=1)) if arr.size > 1 else 0.0, int(arr.size)
+
+
+def group_records(records: list[dict[str, Any]], keys: list[str] | None = None) -> list[dict[str, Any]]:
+    """Records with equal labels (all but the seed) merged: mean/std/count of the numeric fields."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        labels = r["labels"]
+        key = tuple((k, labels[k]) for k in (keys or sorted(labels)))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for key, rs in groups.items():
+        row: dict[str, Any] = dict(key)
+        for field_ in ("final_acc", "best_acc", "final_loss", "bits_total", "eps_rigorous", "eps_paper",
+                       "num_iters", "wall_time_s"):
+            m, s, n = mean_std(r.get(field_, float("nan")) for r in rs)
+            row[field_], row[f"{field_}_std"] = m, s
+            row["n_seeds"] = n if field_ == "final_acc" else row.get("n_seeds", n)
+        row["records"] = rs
+        out.append(row)
+    return out
+
+
+def pick(groups: list[dict[str, Any]], **labels: Any) -> dict[str, Any] | None:
+    """The grouped row whose labels match ``labels`` (None when absent)."""
+    for g in groups:
+        if all(g.get(k) == v for k, v in labels.items()):
+            return g
+    return None
+
+
+def acc_pm(g: dict[str, Any] | None) -> str:
+    """'0.812 +- 0.010 (3)' or '0.812' for one seed, '-' when missing; accuracies in [0, 1]."""
+    if g is None:
+        return "-"
+    if g.get("n_seeds", 1) > 1:
+        return f"{fmt(g['final_acc'])} +- {fmt(g['final_acc_std'])}"
+    return fmt(g["final_acc"])
+
+
+def machine_string() -> str:
+    try:
+        load = "load avg " + "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:  # pragma: no cover
+        load = "load avg unknown"
+    return f"{platform.processor() or platform.machine()}; {os.cpu_count()} logical cores; {load}; {platform.platform()}"
+
+
+def savefig(fig, out: Path, name: str) -> str:
+    """Save a matplotlib figure as PNG in ``out`` atomically; return its file name."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    rio.atomic_write_bytes(out / name, buf.getvalue())
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return name
+
+
+def new_axes(ncols: int = 1, *, width: float = 5.0, height: float = 3.6):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def curve(rec: dict[str, Any], y: str = "acc_avg", x: str = "k") -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for h in rec.get("history", []):
+        if y in h and x in h:
+            xs.append(float(h[x]))
+            ys.append(float(h[y]))
+    return xs, ys

@@ -1,0 +1,1 @@
+"""One module per paper; each defines ``PAPER`` (a :class:`flower_dp.reproduce.core.Paper`)."""

@@ -1,0 +1,105 @@
+"""Helpers shared by the paper modules: push-sum configs, tables, claim helpers, plots."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..core import RunSpec, acc_pm, fmt, group_records
+
+__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs"]
+
+
+def slug(*parts: Any) -> str:
+    """A filesystem-safe run id from its parts."""
+    s = "-".join(str(p) for p in parts)
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "_", s)
+
+
+def pushsum_spec(
+    run_id: str,
+    labels: dict[str, Any],
+    *,
+    seed: int,
+    num_iters: int,
+    eval_every: int,
+    n_nodes: int,
+    model: str,
+    topology: str,
+    algorithm: str,
+    params: dict[str, Any],
+    dataset: str = "fashion_mnist",
+    samples_per_node: int | None = None,
+    test_samples: int | None = None,
+    topology_kwargs: dict[str, Any] | None = None,
+    partition: str = "shuffle_split",
+) -> RunSpec:
+    """A :class:`RunSpec` for the in-process runner (config as :func:`config_from_dict` takes it)."""
+    config = {
+        "run": {"name": run_id, "seed": int(seed), "num_iters": int(num_iters), "eval_every": int(eval_every),
+                "checkpoint": True, "progress": True},
+        "data": {"dataset": dataset, "partition": partition, "samples_per_node": samples_per_node,
+                 "test_samples": test_samples},
+        "model": {"name": model},
+        "topology": {"name": topology, "n_nodes": int(n_nodes), **(topology_kwargs or {})},
+        "algorithm": {"name": algorithm, "params": dict(params)},
+    }
+    return RunSpec(run_id=slug(run_id, f"s{seed}"), labels=dict(labels), config=config, seed=int(seed))
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        out.append("| " + " | ".join(x if isinstance(x, str) else fmt(x) for x in r) + " |")
+    return out
+
+
+def ordering_claim_detail(a_name: str, a, b_name: str, b) -> tuple[bool | None, str]:
+    """(a > b?, 'a 0.81 vs b 0.78 (+0.03)') for two grouped rows."""
+    if a is None or b is None:
+        return None, "missing runs"
+    diff = a["final_acc"] - b["final_acc"]
+    return bool(diff > 0), f"{a_name} {acc_pm(a)} vs {b_name} {acc_pm(b)} ({diff:+.3f})"
+
+
+def plot_curves(ax, records, *, label_key: str, y: str = "acc_avg", x: str = "k", title: str = "") -> None:
+    """One line per record (mean over seeds when labels repeat), labelled by ``labels[label_key]``."""
+    import numpy as np
+
+    from ..core import curve
+
+    groups = group_records(records)
+    for g in groups:
+        xs_all, ys_all = [], []
+        for r in g["records"]:
+            xs, ys = curve(r, y, x)
+            xs_all.append(xs)
+            ys_all.append(ys)
+        if not xs_all or not xs_all[0]:
+            continue
+        n = min(len(v) for v in ys_all)
+        ys = np.mean([v[:n] for v in ys_all], axis=0)
+        ax.plot(xs_all[0][:n], ys, marker="o", ms=3, label=str(g[label_key]))
+    ax.set_xlabel({"k": "iteration k", "bits_total": "bits sent (all nodes)"}.get(x, x))
+    ax.set_ylabel({"acc_avg": "test accuracy", "test_loss_avg": "test loss"}.get(y, y))
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def plot_acc_vs(ax, groups, *, x: str, series_key: str, title: str = "", xlabel: str = "") -> None:
+    """Final accuracy (mean +- std over seeds) against a numeric field, one series per ``series_key``."""
+    series: dict[Any, list] = {}
+    for g in groups:
+        series.setdefault(g[series_key], []).append(g)
+    for name, gs in series.items():
+        gs = sorted(gs, key=lambda g: g[x])
+        ax.errorbar([g[x] for g in gs], [g["final_acc"] for g in gs], yerr=[g["final_acc_std"] for g in gs],
+                    marker="o", ms=4, capsize=3, label=str(name))
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel("final test accuracy")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
