@@ -46,16 +46,17 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from flower_dp._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
-from flower_dp.errors import BudgetExceededError, DecodeError
+from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
-from flower_dp.results import ensure_writable_dir, write_json
+from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
 from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, load_secret, run_key
 from flower_dp.strategies.baselines import (METHODS, PAPER_NAMES, RoundSpec, Schedule, client_level_epsilon,
                                             decode_update, gau_lrq_schedule, payload_bytes)
 
-__all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon"]
+__all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes"]
 
 
 class GauLRQ(FedAvg):
@@ -84,8 +85,13 @@ class GauLRQ(FedAvg):
     secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
     server_lr : float, server step on the average (paper: 1).
     bq_bits : int, BQ-SGD's public bit width.
-    out_dir : path or None, where ``results.json`` is written after every round.
-    keep_decoded : bool, keep every round's theta_k and decoded updates (tests; memory B d per round).
+    out_dir : path or None, where ``results.json`` and a checksummed ``checkpoint.pt`` (theta, per-round
+        records, public stream nonce; never the secret) are written atomically after every round.
+    resume : bool, continue the run checkpointed in ``out_dir`` (same config and secret; raises
+        :class:`~flower_dp.errors.CheckpointError` otherwise); it ends with exactly the numbers of an
+        uninterrupted run.
+    run_info : dict or None, public facts about the run (dataset, model, seed, ...) copied into the results.
+    keep_decoded : bool, keep every round's theta_k, decoded updates and dropout noise (tests; memory B d per round).
     **fedavg_kwargs : fraction_evaluate, min_evaluate_nodes, train/evaluate_metrics_aggr_fn, ...
     """
 
@@ -94,7 +100,7 @@ class GauLRQ(FedAvg):
                  noise_multiplier: float | None = None, calibration: str = "rigorous", secret: bytes | None = None,
                  secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4, layer_dtype: str = "float64",
                  out_dir: str | Path | None = None, keep_decoded: bool = False, stream_nonce: str | None = None,
-                 **fedavg_kwargs) -> None:
+                 resume: bool = False, run_info: dict | None = None, **fedavg_kwargs) -> None:
         self.N = check_int("num_clients", num_clients, minimum=1)
         self.B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=self.N)
         for name in ("fraction_train", "min_train_nodes", "min_available_nodes"):
@@ -113,6 +119,11 @@ class GauLRQ(FedAvg):
         self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.keep_decoded = bool(keep_decoded)
+        self.resume = bool(resume)
+        if self.resume and self.out_dir is None:
+            raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
+        self.run_info = dict(run_info or {})
+        self._nonce_given = stream_nonce is not None
         self._secret = load_secret(secret, secret_file)  # never logged or saved
         self.secret_file = None if secret_file is None else str(secret_file)
         # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
@@ -133,7 +144,9 @@ class GauLRQ(FedAvg):
         self.tau, self.calibration, self.noise_multiplier = float(tau), calibration, noise_multiplier
         self.rounds: list[dict] = []
         self.decoded: dict[int, dict[int, np.ndarray]] = {}
+        self.dropout_noise: dict[int, np.ndarray] = {}
         self.thetas: dict[int, list[np.ndarray]] = {}
+        self.initial_evaluate: dict | None = None
         self.stop_reason = "not started"
         self._pending: dict | None = None
 
@@ -192,7 +205,9 @@ class GauLRQ(FedAvg):
         self._pending = {"k": k, "spec": spec, "sampled": sampled, "theta": [a.numpy() for a in arrays.values()],
                          "names": list(arrays.keys()), "eps": eps_after}
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
-        return [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in sampled]
+        msgs = [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in sampled]
+        self._pending["downlink"] = sum(message_bytes(m) for m in msgs)
+        return msgs
 
     def _wait_for_nodes(self, grid: Grid, timeout_s: float = 120.0) -> list[int]:
         t0 = time.time()
@@ -205,50 +220,73 @@ class GauLRQ(FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Decode each reply (Eq. 12), average with weight 1/B, apply theta_{k+1} = theta_k + lr * mean."""
+        """Decode each reply (Eq. 12), average with weight 1/B, apply theta_{k+1} = theta_k + lr * mean.
+
+        A sampled client that failed (an error reply, or no reply) is dropped from the average
+        without touching the others' decoding.  Its share of the noise is then missing from the
+        sum, so the trusted server adds N(0, sigma^2 I) per dropped client from its own keyed
+        stream: the released sum is then exactly "sum over the B sampled of a vector of L2 norm
+        <= S2 (0 for a dropped client) + N(0, B sigma^2 I)", the mechanism the accountant charged
+        for this round (its charge does not depend on who replied).
+        """
         p, self._pending = self._pending, None
         if p is None:
             raise RuntimeError("aggregate_train called without configure_train; call them in order")
         replies = list(replies)
         valid = [m for m in replies if not m.has_error()]
+        failed = [int(m.metadata.src_node_id) for m in replies if m.has_error()]
         for m in replies:
             if m.has_error():
-                log(WARNING, "GauLRQ: node %d replied with an error: %s", m.metadata.src_node_id, m.error.reason)
+                log(WARNING, "GauLRQ round %d: node %d replied with an error, dropped from the average: %s",
+                    server_round, m.metadata.src_node_id, m.error.reason)
         d = int(sum(t.size for t in p["theta"]))
         total = np.zeros(d, dtype=np.float64)
         seen: dict[int, int] = {}
         bits = {"bits_algorithmic": 0.0, "bits_paper": 0.0, "bits_fixed": 0.0, "bits_entropy": 0.0}
-        carried = 0
+        payload_total, carried = 0, 0
+        sampled = set(p["sampled"])
         for m in valid:
+            src = int(m.metadata.src_node_id)
+            if src not in sampled:
+                raise DecodeError(f"round {server_round}: a reply came from node {src}, got it although only nodes "
+                                  f"{sorted(sampled)} were sampled; replies must answer this round's train messages")
             mrec = next(iter(m.content.metric_records.values()), None)
             if PAYLOAD_KEY not in m.content or mrec is None or "partition-id" not in mrec:
-                raise DecodeError(f"reply from node {m.metadata.src_node_id} has no Gau-LRQ payload, got records "
+                raise DecodeError(f"reply from node {src} has no Gau-LRQ payload, got records "
                                   f"{list(m.content.keys())}; add gau_lrq_mod to the ClientApp's mods")
             pid = int(mrec["partition-id"])
             if pid in seen or not 0 <= pid < self.N:
-                raise DecodeError(f"node {m.metadata.src_node_id} claims partition-id {pid}, got it twice or outside "
+                raise DecodeError(f"node {src} claims partition-id {pid}, got it twice or outside "
                                   f"[0, {self.N}); every SuperNode needs its own partition id")
-            seen[pid] = m.metadata.src_node_id
+            seen[pid] = src
             arrays = m.content[PAYLOAD_KEY]
             payload = {name: a.numpy() for name, a in arrays.items()}
             meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
             try:
                 hat = decode_update(payload, meta, p["spec"], lrq_key(self._run_key, p["k"], pid))
             except DecodeError as exc:
-                raise DecodeError(f"round {server_round}, node {m.metadata.src_node_id} (partition {pid}): {exc}") from exc
+                raise DecodeError(f"round {server_round}, node {src} (partition {pid}): {exc}") from exc
             if hat.shape != (d,):
                 raise DecodeError(f"decoded update of partition {pid} has shape {hat.shape}, expected ({d},)")
             total += hat
-            carried += payload_bytes(arrays.values())
+            payload_total += payload_bytes(arrays.values())
+            carried += message_bytes(m)
             for key in bits:
                 bits[key] += float(mrec.get(f"gau-lrq.{key}", 0.0))
             if self.keep_decoded:
                 self.decoded.setdefault(p["k"], {})[pid] = hat
         if self.keep_decoded:
             self.thetas[p["k"]] = [t.copy() for t in p["theta"]]
-        if len(valid) < self.B:
-            log(WARNING, "GauLRQ round %d: %d of %d sampled clients replied; dividing by B = %d (sum form)",
-                server_round, len(valid), self.B, self.B)
+        dropped = self.B - len(seen)
+        if dropped:
+            log(WARNING, "GauLRQ round %d: %d of %d sampled clients replied; the others are dropped from the average "
+                "(still divided by B = %d)%s", server_round, len(seen), self.B, self.B,
+                "; the server adds their share of the noise" if self.private else "")
+            if self.private:
+                extra = math.sqrt(dropped) * p["spec"].sigma * self._dropout_rng(p["k"]).standard_normal(d)
+                total += extra
+                if self.keep_decoded:
+                    self.dropout_noise[p["k"]] = extra
         mean = total / self.B  # Alg. 1 line 15: weight 1/B whatever num-examples says
         new, off = {}, 0
         for name, t in zip(p["names"], p["theta"]):
@@ -258,58 +296,140 @@ class GauLRQ(FedAvg):
         metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
         rec = {"round": server_round, "k": p["k"], "method": self.method, "sigma": p["spec"].sigma,
                "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
-               "received": len(valid), "d": d, "bytes_carried": carried, **bits,
-               "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(valid)),
+               "received": len(seen), "dropped": dropped, "failed_nodes": failed, "d": d,
+               "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"], **bits,
+               "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(seen)),
                "eps_rigorous": p["eps"], "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
-               if self.schedule is not None else float("inf")}
+               if self.schedule is not None else float("inf"),
+               "train_metrics": None if metrics is None else dict(metrics)}
         self.rounds.append(rec)
         return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
+
+    def _dropout_rng(self, k: int) -> np.random.Generator:
+        """The server's own stream for round k's dropout noise (keyed by the run secret, so hidden and reproducible)."""
+        seed = hashlib.sha256(b"flower_dp.gau_lrq.dropout\x00" + self._run_key + k.to_bytes(8, "little")).digest()
+        return np.random.Generator(np.random.Philox(int.from_bytes(seed, "little")))
 
     # ------------------------------------------------------------------ loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Flower's template loop, stopping cleanly (results saved) when the budget is spent."""
+        """Flower's template loop, stopping cleanly (results saved) when the budget is spent.
+
+        With ``out_dir`` a checkpoint is written after every round; with ``resume=True`` the loop
+        continues from it (``initial_arrays`` is then only used when no round was completed).  If
+        anything raises, the results so far are saved with ``stop_reason = "failed: ..."`` and the
+        exception propagates.
+        """
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
-        result, arrays = Result(arrays=initial_arrays), initial_arrays
+        arrays, first = initial_arrays, 1
+        if self.resume:
+            arrays, first = self._restore(initial_arrays)
+            log(INFO, "GauLRQ: resuming from %s at round %d", self.out_dir, first)
+        result = Result(arrays=arrays)
+        self._fill_result(result)
         self.stop_reason = "running"
-        if evaluate_fn:
-            res = evaluate_fn(0, arrays)
-            if res is not None:
-                result.evaluate_metrics_serverapp[0] = res
-        for rnd in range(1, num_rounds + 1):
-            try:
-                messages = self.configure_train(rnd, arrays, train_config, grid)
-            except BudgetExceededError as exc:
-                self.stop_reason = f"budget: {exc}"
-                log(INFO, "GauLRQ: stopping before round %d: %s", rnd, exc)
-                break
-            replies = grid.send_and_receive(messages=messages, timeout=timeout)
-            agg, train_metrics = self.aggregate_train(rnd, replies)
-            if agg is not None:
-                result.arrays = arrays = agg
-            if train_metrics is not None:
-                result.train_metrics_clientapp[rnd] = train_metrics
-            ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
-                                               timeout=timeout)
-            ev = self.aggregate_evaluate(rnd, ev_replies)
-            if ev is not None:
-                result.evaluate_metrics_clientapp[rnd] = ev
-                self.rounds[-1]["evaluate_clientapp"] = dict(ev)
-            if evaluate_fn:
-                res = evaluate_fn(rnd, arrays)
+        try:
+            if evaluate_fn and first == 1:
+                res = evaluate_fn(0, arrays)
                 if res is not None:
-                    result.evaluate_metrics_serverapp[rnd] = res
-                    self.rounds[-1]["evaluate_serverapp"] = dict(res)
-            self.save_results()
-        else:
-            self.stop_reason = "completed"
-        self.save_results()
+                    self.initial_evaluate = dict(res)
+                    result.evaluate_metrics_serverapp[0] = res
+            for rnd in range(first, num_rounds + 1):
+                try:
+                    messages = list(self.configure_train(rnd, arrays, train_config, grid))
+                except BudgetExceededError as exc:
+                    self.stop_reason = f"budget: {exc}"
+                    log(INFO, "GauLRQ: stopping before round %d: %s", rnd, exc)
+                    break
+                replies = grid.send_and_receive(messages=messages, timeout=timeout)
+                agg, train_metrics = self.aggregate_train(rnd, replies)
+                if agg is not None:
+                    result.arrays = arrays = agg
+                if train_metrics is not None:
+                    result.train_metrics_clientapp[rnd] = train_metrics
+                ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
+                                                   timeout=timeout)
+                ev = self.aggregate_evaluate(rnd, ev_replies)
+                if ev is not None:
+                    result.evaluate_metrics_clientapp[rnd] = ev
+                    self.rounds[-1]["evaluate_clientapp"] = dict(ev)
+                if evaluate_fn:
+                    res = evaluate_fn(rnd, arrays)
+                    if res is not None:
+                        result.evaluate_metrics_serverapp[rnd] = res
+                        self.rounds[-1]["evaluate_serverapp"] = dict(res)
+                self.save_results(arrays)
+            else:
+                self.stop_reason = "completed"
+        except BaseException as exc:
+            self.stop_reason = f"failed: {type(exc).__name__}: {exc}"
+            self.save_results()  # the checkpoint of the last completed round stays as it was
+            raise
+        self.save_results(arrays)
         return result
 
+    # ------------------------------------------------------------------ checkpoints
+    def _fingerprint(self) -> dict:
+        """Everything that determines the numbers besides the secret, the nonce and the user's code."""
+        return {"method": self.method, "N": self.N, "B": self.B, "K": self.K, "clip": self.clip,
+                "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau, "calibration": self.calibration,
+                "noise_multiplier": self.noise_multiplier, "server_lr": self.server_lr, "bq_bits": self.bq_bits,
+                "layer_dtype": self.layer_dtype, "z": None if self.schedule is None else self.schedule.z.tolist()}
+
+    def _secret_check(self) -> str:
+        """A one-way tag of the run key: tells a resume with another secret apart (not the secret; checkpoint only)."""
+        return hashlib.sha256(b"flower_dp.gau_lrq.secret-check\x00" + self._run_key).hexdigest()[:16]
+
+    def _checkpoint(self, arrays: ArrayRecord) -> None:
+        save_checkpoint(self.out_dir, {
+            "kind": "gau_lrq", "fingerprint": self._fingerprint(), "stream_nonce": self.stream_nonce,
+            "secret_check": self._secret_check(), "rounds": self.rounds, "initial_evaluate": self.initial_evaluate,
+            "names": list(arrays.keys()), "arrays": [a.numpy() for a in arrays.values()]})
+
+    def _restore(self, initial_arrays: ArrayRecord) -> tuple[ArrayRecord, int]:
+        """Load ``out_dir/checkpoint.pt`` and return (theta after its last round, next round)."""
+        ck = load_checkpoint(self.out_dir)
+        if ck.get("kind") != "gau_lrq":
+            raise CheckpointError(f"checkpoint in {str(self.out_dir)!r} is not a GauLRQ checkpoint, got kind "
+                                  f"{ck.get('kind')!r}; point out_dir at a GauLRQ run or drop resume")
+        mine, theirs = self._fingerprint(), ck["fingerprint"]
+        diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
+        if diff:
+            raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the strategy differs from the checkpointed "
+                                  f"run in {sorted(diff)} (checkpoint, now) = {diff}; use the same settings")
+        if self._nonce_given and self.stream_nonce != ck["stream_nonce"]:
+            raise CheckpointError(f"cannot resume: stream_nonce {self.stream_nonce!r} differs from the checkpoint's "
+                                  f"{ck['stream_nonce']!r}; leave stream_nonce unset when resuming")
+        self.stream_nonce = ck["stream_nonce"]
+        self._run_key = run_key(self._secret, self.stream_nonce)
+        if self._secret_check() != ck["secret_check"]:
+            raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the run secret differs from the one of the "
+                                  "checkpointed run; use the same secret file")
+        self.rounds = list(ck["rounds"])
+        self.initial_evaluate = ck.get("initial_evaluate")
+        arrays = ArrayRecord({n: _array(a) for n, a in zip(ck["names"], ck["arrays"])}) if self.rounds else initial_arrays
+        return arrays, len(self.rounds) + 1
+
+    def _fill_result(self, result: Result) -> None:
+        """Put the metrics of already completed rounds (from a checkpoint) into ``result``."""
+        if self.initial_evaluate is not None:
+            result.evaluate_metrics_serverapp[0] = MetricRecord(self.initial_evaluate)
+        for r in self.rounds:
+            for key, attr in (("train_metrics", "train_metrics_clientapp"), ("evaluate_serverapp",
+                              "evaluate_metrics_serverapp"), ("evaluate_clientapp", "evaluate_metrics_clientapp")):
+                if r.get(key) is not None:
+                    getattr(result, attr)[r["round"]] = MetricRecord(r[key])
+
     def results(self) -> dict:
-        """Config (no secret), per-round records and totals, JSON-serialisable."""
+        """Config (no secret), per-round records and totals, JSON-serialisable.
+
+        Besides the per-round records (``rounds``), the most used series are given flat:
+        ``accuracy_per_round`` (server-side evaluation, index 0 = before training, None where
+        not evaluated), ``bits_per_round`` (algorithmic uplink bits of all clients of a round),
+        ``bytes_per_round`` (uplink bytes Flower carried), ``eps_rigorous_per_round``.
+        """
         sch = self.schedule
         out = {"algorithm": PAPER_NAMES[self.method] if self.tau == 1 or not self.private else
                "Dynamic " + PAPER_NAMES[self.method],
@@ -318,6 +438,7 @@ class GauLRQ(FedAvg):
                           "calibration": self.calibration, "noise_multiplier": self.noise_multiplier,
                           "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
                           "stream_nonce": self.stream_nonce},
+               "run": self.run_info,
                "privacy": None if sch is None else {
                    "unit": "client", "adjacency": "replace_one", "sampling": "fixed-size B of N without replacement",
                    "accountant": "dp-accounting RDP, SampledWithoutReplacement(N, B, Gaussian(z/2))",
@@ -330,14 +451,28 @@ class GauLRQ(FedAvg):
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
         if sch is not None and self.stop_reason not in ("running", "not started"):
             out["eps_poisson_approx"] = sch.eps_poisson_approx_after(done, self.delta)
+        acc0 = (self.initial_evaluate or {}).get("accuracy")
+        out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]
+        out["final_accuracy"] = out["accuracy_per_round"][-1]
+        out["bits_per_round"] = [r["bits_algorithmic"] for r in self.rounds]
+        out["bytes_per_round"] = [r["bytes_carried"] for r in self.rounds]
+        out["eps_rigorous_per_round"] = [r["eps_rigorous"] for r in self.rounds]
         out["total_bits_algorithmic"] = float(sum(r["bits_algorithmic"] for r in self.rounds))
         out["total_bytes_carried"] = int(sum(r["bytes_carried"] for r in self.rounds))
         return out
 
-    def save_results(self) -> None:
+    def save_results(self, arrays: ArrayRecord | None = None) -> None:
+        """Write ``results.json`` (and, given the current weights, the checkpoint) into ``out_dir``, atomically."""
         if self.out_dir is not None:
             ensure_writable_dir(self.out_dir)
+            if arrays is not None:
+                self._checkpoint(arrays)
             write_json(self.out_dir / "results.json", self.results())
+
+
+def message_bytes(msg: Message) -> int:
+    """Bytes of ``msg`` as Flower serializes it for transport: all its deflated objects (metadata, records, arrays)."""
+    return int(sum(len(o.deflate()) for o in get_all_nested_objects(msg).values()))
 
 
 def _array(v: np.ndarray):

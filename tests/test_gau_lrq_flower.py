@@ -118,12 +118,16 @@ def test_lrq_end_to_end_exact_gaussian_hand_model_budget_stop_no_secret(tmp_path
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved["rounds_completed"] == 4 and saved["stop_reason"].startswith("budget")
     assert saved["eps_rigorous"] <= eps_budget and abs(saved["eps_rigorous"] - e4) < 1e-9
-    # every round: exactly B sampled, all replied, bits reported; bytes carried < float32 payload / 4
+    # every round: exactly B sampled, all replied, bits reported; the integer payloads are < 1/4 of float32,
+    # and the bytes Flower carried (whole serialized replies) are the payload plus a small constant overhead
     d = FEAT * CLS + CLS
     for r in saved["rounds"]:
-        assert r["sampled"] == B and r["received"] == B
-        assert r["bytes_carried"] < B * 4 * d / 4
+        assert r["sampled"] == B and r["received"] == B and r["dropped"] == 0
+        assert r["bytes_payload"] < B * 4 * d / 4
+        assert r["bytes_payload"] < r["bytes_carried"] < r["bytes_payload"] + B * 2000
+        assert r["bytes_downlink"] > B * 4 * d  # float32 model to each sampled client
         assert 0 < r["bits_per_coord"] <= 8  # spec §10 integration: bits per coordinate in [0, 8]
+        assert r["bits_algorithmic"] <= 8 * r["bytes_payload"] + 32 * B
 
     # decoded minus the clients' own clipped updates (recomputed here from theta_k): exactly N(0, sigma^2)
     sigma = z * CLIP / np.sqrt(B)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from flower_dp.experiments.gau_lrq import evaluate_fn
 from flower_dp.strategies.gau_lrq import GauLRQ
 
-from .task import arrays_to_model, ensure_secret_file, evaluate, model_to_arrays, new_model
+from .task import ensure_secret_file, model_to_arrays, new_model
 
 app = ServerApp()
 
@@ -31,20 +32,12 @@ def train_config(rc: dict) -> ConfigRecord:
     return ConfigRecord({k: rc[k] for k in TRAIN_KEYS if k in rc})
 
 
-def evaluate_fn(dataset: str, n: int):
-    def fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
-        acc, loss = evaluate(arrays_to_model(arrays, new_model()), dataset, n)
-        return MetricRecord({"accuracy": acc, "loss": loss})
-
-    return fn
-
-
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     secret_file = ensure_secret_file(str(rc["lrq-secret-file"]))
     out = Path(str(rc.get("out-dir", "gau_lrq_results"))).resolve() / str(rc["method"])
     strategy = make_strategy(rc, secret_file=secret_file, out_dir=str(out))
-    strategy.start(grid=grid, initial_arrays=model_to_arrays(new_model(int(rc.get("seed", 0)))),
+    strategy.start(grid=grid, initial_arrays=model_to_arrays(new_model(seed=int(rc.get("seed", 0)))),
                    num_rounds=int(rc["num-rounds"]), train_config=train_config(rc),
                    evaluate_fn=evaluate_fn(str(rc.get("dataset", "fashion_mnist")), int(rc.get("test-samples", 2000))))
