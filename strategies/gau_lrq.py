@@ -29,6 +29,15 @@ which the Poisson-subsampled Gaussian analysis does not cover.  The matching rig
 dp-accounting's RDP of ``SampledWithoutReplacementDpEvent(N, B, Gaussian)`` under REPLACE_ONE
 (replacing one client's data moves the sum by <= 2 S2).  Results also report the spec's Poisson
 add/remove PLD value (``eps_poisson_approx``) and the paper's closed form (``eps_paper``).
+
+Faults: a sampled client that fails (error reply or none) is dropped from the average; the trusted
+server adds N(0, sigma^2 I) per dropped client from its own keyed stream, so the released sum is
+still "B vectors of norm <= S2 (0 for the dropped) + N(0, B sigma^2 I)" and the round's charge
+stays valid.  A reply that does not decode (wrong stream, tampering) raises ``DecodeError``: it is
+never silently averaged or dropped.  With ``out_dir``, ``results.json`` and a checksummed
+``checkpoint.pt`` are written atomically after every round; ``resume=True`` continues from it
+(client sampling, streams and dropout noise are keyed by the run secret and the public nonce
+stored in the checkpoint, so the resumed run repeats the uninterrupted one exactly).
 """
 
 from __future__ import annotations

@@ -242,3 +242,15 @@ def test_run_gau_lrq_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path):
     res = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", secret_file=secret_file,
                       resume=True, client_app=make_client_app(secret_file), **SMALL)
     assert {k: v for k, v in res.items() if k != "wall_time_s"} == {k: v for k, v in full.items() if k != "wall_time_s"}
+
+
+def test_client_app_builder_wraps_an_unchanged_train_function(tmp_path):
+    """make_lrq_client_app(train_fn, secret_file=...) is the user's ClientApp plus the mod; a round decodes."""
+    from flower_dp.clients.lrq_mod import make_lrq_client_app
+
+    path = tmp_path / "lrq.secret"
+    path.write_bytes(SECRET)
+    app = make_lrq_client_app(_user_train(), secret_file=str(path))
+    s = _strategy(secret=None, secret_file=str(path), keep_decoded=True)
+    _start(s, app, rounds=1)
+    assert s.rounds[0]["received"] == B and len(s.decoded[0]) == B

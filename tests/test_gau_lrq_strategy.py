@@ -214,6 +214,22 @@ def test_dynamic_schedule_closed_form_and_worked_numbers():
     fixed = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, calibration="paper")
     assert fixed.z / math.sqrt(80) == pytest.approx(np.full(30, 0.057717), abs=1e-6)  # spec §10 item 9
     assert paper.paper_eps_gau_lrq(fixed.z, 1e-5, B=80, N=1920) == pytest.approx(3.0)
+    # per-round budgets eps_k = eps tau^(-k/4) / sqrt(G): 0.355 ... 0.763, sum of squares = eps^2
+    eps_k = paper.gau_lrq_dynamic_round_epsilons(3, num_rounds=30, tau=0.9)
+    assert eps_k[0] == pytest.approx(0.355, abs=5e-4) and eps_k[29] == pytest.approx(0.763, abs=5e-4)
+    assert np.sum(eps_k**2) == pytest.approx(9.0, rel=1e-12)
+    # objective ratio dyn/fixed = sum tau^-k sigma_k^2 / (same for fixed) = AM^2/QM^2 = 0.8336 (spec §6.3, §10 item 10)
+    w = 0.9 ** -np.arange(30.0)
+    assert np.sum(w * sig**2) / np.sum(w * (fixed.z / math.sqrt(80)) ** 2) == pytest.approx(0.8336, abs=5e-5)
+    # paper bits at A/S2 = 0.2: fixed 1.98, dynamic 1.54 (k = 0) to 2.35 (k = 29): more bits late
+    from flower_dp.mechanisms.lrq import lrq_bits_paper
+
+    assert lrq_bits_paper(0.2, fixed.z[0] / math.sqrt(80)) == pytest.approx(1.98, abs=5e-3)
+    assert lrq_bits_paper(0.2, sig[0]) == pytest.approx(1.54, abs=5e-3)
+    assert lrq_bits_paper(0.2, sig[29]) == pytest.approx(2.35, abs=5e-3)
+    # tau = 1 is the fixed scheme
+    np.testing.assert_allclose(gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, tau=1.0,
+                                                calibration="paper").z, fixed.z, rtol=1e-12)
 
 
 def test_rigorous_dynamic_schedule_meets_target_with_the_same_shape():
