@@ -35,7 +35,7 @@ from flower_dp.gossip import relay as keys
 from flower_dp.rng import numpy_rng
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
-           "registry_builder", "spec_from_config", "make_client_app", "BUILDERS"]
+           "registry_builder", "spec_from_config", "make_client_app", "handle_message", "BUILDERS"]
 
 
 
@@ -268,8 +268,14 @@ def _relay_device(spec: dict) -> str:
     return resolve_device(want)
 
 
-def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | None) -> tuple[Any, int]:
-    """This node, restored from ``context.state`` (or the process cache when it is current)."""
+def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | None, action: str,
+                k: int) -> tuple[Any, int]:
+    """This node, from the process cache when current, else rebuilt from ``context.state``.
+
+    Flower may run a node's next message in another ClientApp process.  A node rebuilt
+    between its ``contribute`` and ``step`` requests starts from the state saved *before*
+    ``contribute(k)`` and replays it (deterministic: streams are keyed by ``k``).
+    """
     rec = context.state["pushsum"]
     version, session = int(rec["version"]), str(rec["session"])
     hit = _RELAY_CACHE.get((run_id, node_id, session))
@@ -278,15 +284,63 @@ def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | 
     spec = keys.decode(rec["spec"])
     node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, _relay_device(spec))
     node.load_state_dict(keys.decode(rec["state"]))
+    if action == "step" and int(rec["pending_k"]) == k:
+        node.contribute(k)
     return node, version
 
 
-def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version: int) -> None:
+def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version: int,
+                     state: dict | None = None, pending_k: int = -1) -> None:
+    """Store ``state`` (default: the node's state now) in ``context.state`` and cache the node object."""
     rec = context.state["pushsum"]
-    rec["state"] = keys.encode(node.state_dict())
+    rec["state"] = keys.encode(node.state_dict() if state is None else state)
+    rec["pending_k"] = int(pending_k)
     rec["version"] = version + 1
     context.state["pushsum"] = rec
     _RELAY_CACHE[(run_id, node_id, str(rec["session"]))] = (version + 1, node)
+
+
+def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | None = None) -> Any:
+    """The ClientApp's work for one push-sum message: ``cfg`` is its ``"pushsum"`` ConfigRecord.
+
+    Returns the reply ``ConfigRecord`` (``partition_id``, and ``device`` or the encoded payload).
+    """
+    from flwr.app import ConfigRecord
+
+    K = keys.MESSAGE_KEYS
+    action, transport = str(cfg[K["action"]]), str(cfg[K["transport"]])
+    node_id = int(context.node_config["partition-id"])
+    reply = ConfigRecord({"partition_id": node_id})
+    if action == "register":
+        spec = keys.decode(cfg[K["spec"]])
+        b = builder or BUILDERS[spec.get("builder", "toy")]
+        if transport == "ray":
+            from flower_dp.gossip.ray_backend import register_node
+
+            r = spec["_ray"]
+            reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"],
+                                            b(node_id, spec, context))
+        else:
+            session = str(spec.get("_session", ""))
+            rec = context.state["pushsum"] if "pushsum" in context.state else None
+            if rec is None or str(rec["session"]) != session:  # first round of this strategy run
+                device = _relay_device(spec)
+                node = b(node_id, spec, context)(node_id, device)
+                node.setup()
+                context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0, "session": session})
+                _save_relay_node(context, run_id, node_id, node, 0)
+                reply["device"] = device
+    else:
+        k = int(cfg[K["k"]])
+        node, version = _relay_node(context, run_id, node_id, builder, action, k)
+        snap: dict[str, Any] = {}
+        out = keys.handle_relay_request(node, action, k, keys.decode(cfg[K["payload"]]), snapshot=snap)
+        if "contrib" in out:  # between contribute(k) and local_step(k): keep the state from before contribute
+            _save_relay_node(context, run_id, node_id, node, version, state=snap["state"], pending_k=k)
+        else:
+            _save_relay_node(context, run_id, node_id, node, version)
+        reply[K["payload"]] = keys.encode(out)
+    return reply
 
 
 def make_client_app(builder: NodeBuilder | None = None):
@@ -297,43 +351,14 @@ def make_client_app(builder: NodeBuilder | None = None):
     builder : callable (node_id, spec, context) -> factory, optional
         Default: ``BUILDERS[spec["builder"]]`` (``"toy"`` or ``"registry"``).
     """
-    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.app import Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    K = keys.MESSAGE_KEYS
     app = ClientApp()
 
     @app.train()
     def train(msg: Message, context: Any) -> Message:
-        cfg = msg.content["pushsum"]
-        action, transport = str(cfg[K["action"]]), str(cfg[K["transport"]])
-        node_id = int(context.node_config["partition-id"])
-        run_id = int(msg.metadata.run_id)
-        reply = ConfigRecord({"partition_id": node_id})
-        if action == "register":
-            spec = keys.decode(cfg[K["spec"]])
-            b = builder or BUILDERS[spec.get("builder", "toy")]
-            if transport == "ray":
-                from flower_dp.gossip.ray_backend import register_node
-
-                r = spec["_ray"]
-                reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"],
-                                                b(node_id, spec, context))
-            else:
-                session = str(spec.get("_session", ""))
-                rec = context.state["pushsum"] if "pushsum" in context.state else None
-                if rec is None or str(rec["session"]) != session:  # first round of this strategy run
-                    device = _relay_device(spec)
-                    node = b(node_id, spec, context)(node_id, device)
-                    node.setup()
-                    context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0, "session": session})
-                    _save_relay_node(context, run_id, node_id, node, 0)
-                    reply["device"] = device
-        else:
-            node, version = _relay_node(context, run_id, node_id, builder)
-            out = keys.handle_relay_request(node, action, int(cfg[K["k"]]), keys.decode(cfg[K["payload"]]))
-            _save_relay_node(context, run_id, node_id, node, version)
-            reply[K["payload"]] = keys.encode(out)
+        reply = handle_message(msg.content["pushsum"], context, int(msg.metadata.run_id), builder)
         return Message(RecordDict({"pushsum": reply}), reply_to=msg)
 
     return app

@@ -50,7 +50,8 @@ def decode(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
 
 
-def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]) -> dict[str, Any]:
+def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any],
+                         snapshot: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one relay request on ``node`` and return the reply dict.
 
     Parameters
@@ -63,6 +64,12 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
         , ``"flush"`` (mix the inbox, then report) or ``"load"`` (``load_state_dict(request["state"])``).
     request : dict
         ``{"inbox": list[Share] | None, "reduced": dict | None, "state": bool | dict}``.
+    snapshot : dict, optional
+        On ``"contribute"``, receives ``snapshot["state"] = node.state_dict()`` taken after the
+        mix and before ``contribute(k)``.  A node rebuilt from it in another process must replay
+        ``contribute(k)`` before the ``"step"`` request (``contribute`` may leave transient values,
+        e.g. DPPS's half step, that ``state_dict`` does not hold; it is deterministic in the state
+        at the start of ``k``, since every random stream is keyed by ``k``).
 
     Returns
     -------
@@ -80,6 +87,8 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
     if inbox is not None:
         node.mix(sorted(inbox, key=lambda s: s.sender))
     if action == "contribute":
+        if snapshot is not None:
+            snapshot["state"] = node.state_dict()
         c = node.contribute(int(k))
         if c is None:
             reply["shares"] = node.local_step(int(k), None)
