@@ -28,6 +28,15 @@ a second, domain-separated hash of the same key.  Decoding with another key (wro
 or secret) or a tampered message fails the tag and raises :class:`flower_dp.errors.DecodeError`.
 The tag is a deterministic function of (m, key) and changes nothing about the decoded value, so
 the exact-Gaussian property is untouched.  The key is never stored in the message.
+
+Speed (the same values as the plain dense formulas).  Each side draws its stream once per
+chunk (all of z into one buffer, then v block by block into a cache-sized buffer: the same numbers
+as one call) and works on blocks of :data:`_BLOCK` coordinates with preallocated buffers.  Most
+coordinates of a clipped update are far below sigma, so ``m = 0`` there; the encoder proves it
+with a cheap bound (no transcendental function) and evaluates Eq. 11 only on the undecided
+coordinates (:func:`_undecided`); the decoder evaluates Eq. 12's ``m w`` only where ``m != 0``
+(``0 * w + x == x`` exactly).  A block with many undecided / nonzero coordinates is computed
+densely.  Either way every coordinate gets exactly what the dense formula gives.
 """
 
 from __future__ import annotations
@@ -60,7 +69,9 @@ __all__ = [
 
 #: Coordinates per independently keyed stream chunk (spec §2.4).
 DEFAULT_CHUNK = 1 << 20
-_BLOCK = 1 << 16  # inner block for cache-friendly arithmetic; does not affect the stream
+_BLOCK = 1 << 14  # inner block (L2-sized buffers); affects neither the stream nor the result
+#: Above this fraction of undecided (encode) / nonzero (decode) coordinates a block is computed densely.
+_DENSE_FRACTION = 0.125
 _VERSION = 1
 _DTYPES = ("float64", "float32")
 _INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
@@ -111,23 +122,110 @@ def _draw(gen: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.
     return z, v
 
 
-def _halfwidths(z: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stable recipe of spec §3.3 in units of sigma: (own, other) half-widths, shape like z."""
+def _stream_blocks(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
+    """Each chunk's stream drawn once, in the order of :func:`_draw`: yields ``(pos, z, r, v)`` per block.
+
+    All of the chunk's z is drawn into one buffer first, then r ~ U[0, 1) block by block into a
+    small buffer (consecutive draws continue the same stream), ``v = 1 - r``.  The arrays are
+    views of buffers reused by the next block.
+    """
+    zbuf = np.empty(min(chunk_size, d), dtype=dtype)
+    rbuf = np.empty(block, dtype=dtype)
+    vbuf = np.empty(block, dtype=dtype)
+    for c, start in enumerate(range(0, d, chunk_size)):
+        n = min(chunk_size, d - start)
+        gen = _chunk_rng(entropy, c)
+        z = zbuf[:n]
+        gen.standard_normal(out=z, dtype=dtype)
+        for b in range(0, n, block):
+            k = min(block, n - b)
+            r, v = rbuf[:k], vbuf[:k]
+            gen.random(out=r, dtype=dtype)
+            np.subtract(1.0, r, out=v)
+            yield start + b, z[b : b + k], r, v
+
+
+def _halfwidths(z: np.ndarray, v: np.ndarray, own: np.ndarray | None = None, other: np.ndarray | None = None,
+                z2: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Stable recipe of spec §3.3 in units of sigma: (own, other) half-widths, shape like z.
+
+    ``own``, ``other`` and ``z2`` are optional output / scratch buffers of z's shape and dtype
+    (the results are the same with or without them).
+    """
     cap = 1.0 - float(np.finfo(z.dtype).eps) / 2  # clamp v*g(x) below 1 (belt and braces)
-    z2 = z * z
-    p = np.multiply(z2, -0.5)
+    z2 = np.multiply(z, z, out=z2)
+    p = np.multiply(z2, -0.5, out=other)
     np.exp(p, out=p)
     p *= v
     np.minimum(p, cap, out=p)
-    own = np.log(v)
+    own = np.log(v, out=own)
     own *= -2.0
     own += z2
     np.sqrt(own, out=own)
-    other = np.negative(p, out=p)
-    np.log1p(other, out=other)
-    other *= -2.0
-    np.sqrt(other, out=other)
-    return own, other
+    np.negative(p, out=p)
+    np.log1p(p, out=p)
+    p *= -2.0
+    np.sqrt(p, out=p)
+    return own, p
+
+
+def _undecided(z: np.ndarray, r: np.ndarray, abs_s: np.ndarray, bufs: tuple, out: np.ndarray) -> np.ndarray:
+    """Mask of the coordinates whose ``m`` a cheap bound (no log/exp/sqrt) does not prove to be 0.
+
+    All in units of sigma, with a = |z|, r = 1 - v and s = u / sigma: the numerator of Eq. 11
+    is ``(R - x) + s`` and ``m = 0`` iff ``-(R - x) <= s < x - L``.  One of the two distances
+    R - x, x - L is ``a + other >= a``; the other is ``sqrt(a^2 + q) - a = q / (sqrt(a^2 + q) + a)``
+    with ``q = -2 ln v >= 2 r``, increasing in q, so at least ``2 r / (sqrt(a^2 + 2 r) + a)
+    >= r / (a + 0.75)`` (as r < 1).  A coordinate is decided when ``|s|`` (``abs_s``) is below both
+    bounds by more than the rounding error of the dense formula (:func:`_eta`), which then gives
+    ``m = 0`` too.  ``bufs``: 2 scratch arrays of z's length and dtype; ``out``: bool array of
+    z's length.
+    """
+    a = np.abs(z, out=bufs[0])
+    near = np.add(a, 0.75, out=bufs[1])
+    np.divide(r, near, out=near)
+    np.minimum(near, a, out=near)
+    near -= _eta(float(a.max(initial=0.0)), z.dtype)
+    return np.greater_equal(abs_s, near, out=out)
+
+
+def _eta(zmax: float, dtype) -> float:
+    """Margin above the rounding error of Eq. 11's numerator and w for |z| <= zmax and |s| < |z|.
+
+    Each of R, x, w, s enters with a few ulps of at most ``|z| + 9`` (the half-widths are at
+    most ``|z| + sqrt(-2 ln(eps/2)) <= |z| + 8.6``): below ``16 eps (3 zmax + 18)``; 64x that.
+    """
+    return 64.0 * 16.0 * float(np.finfo(dtype).eps) * (3.0 * zmax + 18.0)
+
+
+def _floor_t(z: np.ndarray, v: np.ndarray, s: np.ndarray, out: np.ndarray, bufs: tuple | None = None) -> None:
+    """Eq. 11 densely: ``out = floor(((R - x) + s) / w)``, all in units of sigma (s = u / sigma).
+
+    ``bufs``: 4 scratch arrays of z's length and dtype (or None: allocated here).
+    """
+    if bufs is None:
+        bufs = tuple(np.empty_like(z) for _ in range(4))
+    own, other = _halfwidths(z, v, bufs[0], bufs[1], bufs[2])
+    t = bufs[3]
+    np.copyto(t, other)
+    np.copyto(t, own, where=z >= 0)  # R/sigma
+    t -= z  # (R - x)/sigma
+    t += s
+    own += other  # w/sigma
+    t /= own
+    np.floor(t, out=out, casting="unsafe")  # exact: |t| < 2^52 (float64) / 2^14 levels (float32)
+
+
+def _hat(z: np.ndarray, v: np.ndarray, m: np.ndarray, sigma: np.float64, out: np.ndarray,
+         bufs: tuple | None = None) -> None:
+    """Eq. 12 densely: ``out = (w m + x) sigma`` (float64), w and x in units of sigma."""
+    if bufs is None:
+        bufs = tuple(np.empty_like(z) for _ in range(3))
+    own, other = _halfwidths(z, v, bufs[0], bufs[1], bufs[2])
+    own += other  # w/sigma
+    own *= m
+    own += z
+    np.multiply(own, sigma, out=out)  # np.float64 sigma: the product is taken in float64
 
 
 def lrq_layers(gen: np.random.Generator, n: int, sigma: float, *, dtype: str = "float64", stable: bool = True):
@@ -219,15 +317,17 @@ def _tag(kb: bytes, d: int, sigma: float, dtype: str, chunk: int, m: np.ndarray)
     return h.digest()
 
 
-def _as_vector(u) -> np.ndarray:
+def _as_vector(u) -> tuple[np.ndarray, float]:
+    """(u as a finite 1-D float64 array, max|u|)."""
     if hasattr(u, "detach"):  # torch.Tensor
         u = u.detach().cpu().numpy()
     arr = np.asarray(u, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"u must be a 1-D vector (flatten the update first), got shape {arr.shape}")
-    if not np.all(np.isfinite(arr)):
+    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+    if not (math.isfinite(lo) and math.isfinite(hi)):  # min/max propagate NaN: one pass each, no mask
         raise ValueError(f"u must be finite, got {int((~np.isfinite(arr)).sum())} NaN/inf entries of {arr.size}")
-    return arr
+    return arr, max(-lo, hi, 0.0)
 
 
 def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_size: int = DEFAULT_CHUNK) -> LRQMessage:
@@ -244,7 +344,7 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
         Shared secret stream key for this (run, round, client); see :func:`lrq_key`.
     dtype : {"float64", "float32"}
         Float type of the shared-randomness arithmetic; both sides must use the same.  float32
-        is ~1.3x faster but limited to max|u| < 2^14 w_min (ValueError otherwise).
+        is faster but limited to max|u| < 2^14 w_min (ValueError otherwise).
     chunk_size : int
         Coordinates per keyed stream chunk (default 2^20, spec §2.4).
 
@@ -256,9 +356,8 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
     check_choice("dtype", dtype, _DTYPES)
     chunk_size = check_int("chunk_size", chunk_size, minimum=1)
     kb = _key_bytes(key)
-    u = _as_vector(u)
+    u, amax = _as_vector(u)
     d = u.size
-    amax = max(-float(u.min(initial=0.0)), float(u.max(initial=0.0)))
     # float64: levels stay exact integers; float32: the float32 rounding of u (~|u| 2^-24) stays
     # below ~1e-3 sigma, so the error is N(0, sigma^2) up to that rounding.
     limit = 2.0**52 if dtype == "float64" else 2.0**14
@@ -268,29 +367,34 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
             "increase sigma, clip the update, or use dtype='float64'"
         )
     inv_sigma = 1.0 / sigma
-    m = np.empty(d, dtype=np.int64)
-    tmp = np.empty(min(_BLOCK, max(d, 1)), dtype=dtype)
-    tmp_u = np.empty_like(tmp)
-    entropy = _stream_entropy(kb)
-    for c, start in enumerate(range(0, d, chunk_size)):
-        n = min(chunk_size, d - start)
-        z, v = _draw(_chunk_rng(entropy, c), n, dtype)
-        for b in range(0, n, _BLOCK):
-            zs, vs = z[b : b + _BLOCK], v[b : b + _BLOCK]
-            own, other = _halfwidths(zs, vs)
-            t = tmp[: zs.size]
-            np.copyto(t, other)
-            np.copyto(t, own, where=zs >= 0)  # R/sigma
-            t -= zs  # (R - x)/sigma
-            tu = tmp_u[: zs.size]
-            np.multiply(u[start + b : start + b + zs.size], inv_sigma, out=tu, casting="same_kind")  # u/sigma
-            t += tu
-            own += other  # w/sigma
-            t /= own
-            np.floor(t, out=m[start + b : start + b + zs.size], casting="unsafe")  # exact: |t| < 2^52
+    # |m| <= ceil(A / w_min) (spec §3.7), + 1 for rounding: write straight into a small int dtype
+    bound = math.ceil(amax / lrq_w_min(sigma)) + 1
+    m = np.zeros(d, dtype=next(t for t in _INT_DTYPES if bound <= np.iinfo(t).max))  # calloc: pages come zeroed
+    blk = max(1, min(_BLOCK, chunk_size, d))
+    fb = tuple(np.empty(blk, dtype=dtype) for _ in range(5))
+    mask = np.empty(blk, dtype=bool)
+    sparse: list[tuple[np.ndarray, ...]] = []  # undecided coordinates of sparse blocks: (positions, z, v)
+    for pos, zs, rs, vs in _stream_blocks(_stream_entropy(kb), d, chunk_size, dtype, blk):
+        k = zs.size
+        ub = u[pos : pos + k]
+        abs_s = np.abs(ub, out=fb[4][:k], casting="same_kind")
+        abs_s *= inv_sigma  # |u|/sigma
+        idx = np.flatnonzero(_undecided(zs, rs, abs_s, (fb[0][:k], fb[1][:k]), mask[:k]))
+        if idx.size > _DENSE_FRACTION * k:
+            s = np.multiply(ub, inv_sigma, out=fb[4][:k], casting="same_kind")  # u/sigma
+            _floor_t(zs, vs, s, m[pos : pos + k], (fb[0][:k], fb[1][:k], fb[2][:k], fb[3][:k]))
+        elif idx.size:  # the rest of the block stays m = 0; the few undecided ones are done together below
+            sparse.append((idx + pos, zs[idx], vs[idx]))
+    if sparse:
+        where, zs, vs = (np.concatenate(parts) for parts in zip(*sparse))
+        s = np.multiply(u[where], inv_sigma, out=np.empty(where.size, dtype=dtype), casting="same_kind")
+        sub = np.empty(where.size, dtype=m.dtype)
+        _floor_t(zs, vs, s, sub)
+        m[where] = sub
     lo, hi = (int(m.min()), int(m.max())) if d else (0, 0)
     idt = next(t for t in _INT_DTYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
-    m = m.astype(idt)
+    if idt != m.dtype:
+        m = m.astype(idt)
     m.flags.writeable = False
     return LRQMessage(m=m, d=d, sigma=sigma, dtype=dtype, chunk_size=chunk_size,
                       tag=_tag(kb, d, sigma, dtype, chunk_size, m))
@@ -338,18 +442,25 @@ def decode(msg: LRQMessage, sigma: float, key: bytes | int) -> np.ndarray:
         raise DecodeError(f"sigma mismatch: the message was encoded with sigma={msg.sigma!r}, got sigma={sigma!r}; "
                           "decode with the sigma of this round's schedule")
     out = np.empty(msg.d, dtype=np.float64)
-    entropy = _stream_entropy(kb)
-    for c, start in enumerate(range(0, msg.d, msg.chunk_size)):
-        n = min(msg.chunk_size, msg.d - start)
-        z, v = _draw(_chunk_rng(entropy, c), n, msg.dtype)
-        for b in range(0, n, _BLOCK):
-            zs, vs = z[b : b + _BLOCK], v[b : b + _BLOCK]
-            own, other = _halfwidths(zs, vs)
-            own += other  # w/sigma
-            own *= m[start + b : start + b + zs.size]
-            own += zs
-            out[start + b : start + b + zs.size] = own
-    out *= sigma
+    sig = np.float64(sigma)
+    blk = max(1, min(_BLOCK, msg.chunk_size, msg.d))
+    fb = tuple(np.empty(blk, dtype=msg.dtype) for _ in range(3))
+    sparse: list[tuple[np.ndarray, ...]] = []  # nonzero m of sparse blocks: (positions, z, v)
+    for pos, zs, _, vs in _stream_blocks(_stream_entropy(kb), msg.d, msg.chunk_size, msg.dtype, blk):
+        k = zs.size
+        mb, ob = m[pos : pos + k], out[pos : pos + k]
+        idx = np.flatnonzero(mb)
+        if idx.size > _DENSE_FRACTION * k:
+            _hat(zs, vs, mb, sig, ob, (fb[0][:k], fb[1][:k], fb[2][:k]))
+        else:
+            np.multiply(zs, sig, out=ob)  # m = 0: (0 w + x) sigma = x sigma (w is finite)
+            if idx.size:  # the few nonzero m are done together below
+                sparse.append((idx + pos, zs[idx], vs[idx]))
+    if sparse:
+        where, zs, vs = (np.concatenate(parts) for parts in zip(*sparse))
+        sub = np.empty(where.size, dtype=np.float64)
+        _hat(zs, vs, m[where], sig, sub)
+        out[where] = sub
     return out
 
 
