@@ -181,7 +181,8 @@ class PushSumStrategy(Strategy):
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self._write(status, t0, error)
+            if self.history or status != "failed":  # a run refused before its first segment leaves no file
+                self._write(status, t0, error)
             if self.last_average is not None:
                 result.arrays = ArrayRecord([self.last_average.numpy()])
             if self.backend is not None:
@@ -209,6 +210,13 @@ class PushSumStrategy(Strategy):
         deadline = time.monotonic() + self.timeout_s
         while len(list(grid.get_node_ids())) < self.n_nodes and time.monotonic() < deadline:
             time.sleep(0.2)  # in simulation the SuperNodes come up a few seconds after main() starts
+        live = len(list(grid.get_node_ids()))
+        if live < self.n_nodes:
+            raise GossipTimeoutError(
+                f"round {rnd}: only {live} Flower SuperNodes connected within {self.timeout_s:.0f} s, got fewer than "
+                f"n_nodes = {self.n_nodes} (one SuperNode per push-sum node is needed); set num-supernodes = "
+                f"{self.n_nodes} (run_simulation(num_supernodes={self.n_nodes}) or flwr run --federation-config "
+                f"'num-supernodes={self.n_nodes}'), or lower n_nodes")
         replies = list(grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid),
                                              timeout=self.timeout_s))
         self.aggregate_train(rnd, replies)

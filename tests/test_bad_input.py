@@ -1,9 +1,14 @@
 """Bad input gets a specific error naming the value, the valid range and the fix (issue 9, table-driven).
 
-Every case asserts the exception type and a message fragment; none writes a results file.
+Every case asserts the exception type and a message fragment, runs in an empty working
+directory, and must leave no results file (``results.json``, ``history.csv``, a checkpoint or
+a temporary file of an atomic write) behind.
 """
 
 from __future__ import annotations
+
+import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +17,7 @@ import torch
 from flower_dp import topology as T
 from flower_dp.clients.registry import prepare
 from flower_dp.data import load_dataset, partition
-from flower_dp.errors import ConfigError, DecodeError, NonFiniteError
+from flower_dp.errors import CheckpointError, ConfigError, DecodeError, GossipTimeoutError, NonFiniteError
 from flower_dp.experiments.config import config_from_dict
 from flower_dp.mechanisms import check_no_batchnorm, gaussian_noise, lrq, make_compressor, per_sample_clipped_grad_sum
 from flower_dp.models import build_model
@@ -37,6 +42,65 @@ def _nan_grad():
     model = torch.nn.Linear(2, 2)
     x = torch.tensor([[float("nan"), 1.0]])
     per_sample_clipped_grad_sum(model, torch.nn.functional.cross_entropy, x, torch.tensor([0]), 1.0)
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"  # closed again when the with-block ends
+
+
+def _ray_address_not_answering():
+    from flower_dp.gossip.ray_backend import check_ray_address
+
+    check_ray_address(_closed_port(), timeout_s=2.0)
+
+
+def _ray_address_malformed():
+    from flower_dp.gossip.ray_backend import check_ray_address
+
+    check_ray_address("headnode")
+
+
+def _strategy(**kw):
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    args = {"n_nodes": 8, "spec": {"builder": "toy", "n_nodes": 8}, "num_iters": 6, "iters_per_round": 3, **kw}
+    return PushSumStrategy(args.pop("n_nodes"), args.pop("spec"), **args)
+
+
+class _GridWithFourSuperNodes:
+    def get_node_ids(self):
+        return [11, 12, 13, 14]
+
+    def send_and_receive(self, messages, timeout=None):  # pragma: no cover - must not be reached
+        raise AssertionError("the strategy sent messages to too few SuperNodes")
+
+
+def _fewer_supernodes_than_nodes():
+    _strategy(transport="relay", timeout_s=0.3, out_dir="out").start(_GridWithFourSuperNodes())
+
+
+def _unwritable_results_dir():
+    Path("blocker").write_text("x")
+    _strategy(out_dir="blocker/out")
+
+
+def _runner_cfg(**over):
+    raw = {"run": {"num_iters": 2, "eval_every": 1, "progress": False},
+           "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 16, "test_samples": 10},
+           "model": {"name": "logreg"}, "topology": {"name": "exp_one_peer", "n_nodes": 2},
+           "algorithm": {"name": "sgp", "params": {"lr": 0.1, "batch_size": 4}}}
+    for key, value in over.items():
+        section, name = key.split(".")
+        raw[section][name] = value
+    return config_from_dict(raw)
+
+
+def _run(cfg, **kw):
+    from flower_dp.experiments import run_experiment
+
+    return run_experiment(cfg, out_dir="out", progress=False, **kw)
 
 
 def _lrq_wrong_key():
@@ -94,17 +158,44 @@ CASES = [
     ("malformed config key", lambda: config_from_dict({"run": {"num_iter": 3}}), ConfigError,
      "unknown key run.num_iter; valid keys"),
     ("config K < 1", lambda: config_from_dict({"run": {"num_iters": 0}}), ConfigError, "run.num_iters must be an integer >= 1"),
+    ("unwritable results dir", _unwritable_results_dir, ValueError, "results directory .* is not writable.*pass --out"),
+    # runs: the error comes before anything is written to out/
+    ("run: n larger than the dataset", lambda: _run(_runner_cfg(**{"topology.n_nodes": 100000})), ValueError,
+     "n_nodes must be <= the number"),
+    ("run: unknown algorithm", lambda: _run(_runner_cfg(**{"algorithm.name": "gossip"})), ConfigError,
+     "unknown algorithm 'gossip'"),
+    ("run: resume without a checkpoint", lambda: _run(_runner_cfg(), resume=True), CheckpointError,
+     "no checkpoint at .*run without --resume"),
+    # Flower and Ray
+    ("fewer SuperNodes than nodes", _fewer_supernodes_than_nodes, GossipTimeoutError,
+     "only 4 Flower SuperNodes connected.*n_nodes = 8.*set num-supernodes = 8"),
+    ("Ray address not answering", _ray_address_not_answering, ConnectionError,
+     "Ray address '127.0.0.1:\\d+' does not answer.*ray start --head.*unset it"),
+    ("malformed Ray address", _ray_address_malformed, ValueError, "Ray address must be 'auto'.*got 'headnode'"),
+    ("unknown transport", lambda: _strategy(transport="grpc"), ValueError,
+     "unknown transport 'grpc'; valid choices are \\['ray', 'relay'\\]"),
+    ("iters_per_round < 1", lambda: _strategy(iters_per_round=0), ValueError, "iters_per_round must be >= 1, got 0"),
+    ("negative max_retries", lambda: _strategy(max_retries=-1), ValueError, "max_retries must be >= 0, got -1"),
+    ("strategy resume without out_dir", lambda: _strategy(resume=True), ValueError,
+     "resume=True needs the out_dir.*got out_dir=None"),
+    ("negative GPU share", lambda: __import__("flower_dp.gossip.ray_backend", fromlist=["x"]).RayGossipBackend(
+        2, num_gpus_per_host=-0.5), ValueError, "num_gpus_per_host must be >= 0 and finite, got -0.5"),
 ]
 
 
 @pytest.mark.parametrize("label, call, exc, match", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_a_clear_error(label, call, exc, match):
+def test_bad_input_is_a_clear_error(label, call, exc, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(exc, match=match):
         call()
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")
+                  if p.name in ("results.json", "history.csv", "checkpoint.pt") or p.name.endswith(".tmp"))
+    assert not left, f"{label}: left {left} behind"
 
 
 def test_table_has_at_least_30_cases():
     assert len(CASES) >= 30
+
 
 
 def test_unwritable_results_dir(tmp_path):

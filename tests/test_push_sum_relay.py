@@ -145,5 +145,5 @@ def test_fewer_supernodes_than_nodes_is_a_clear_error(task_identity, tmp_path):
     grid = FakeGrid(4, None, fresh_process=False)
     strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="relay",
                             out_dir=tmp_path, timeout_s=0.5)
-    with pytest.raises(GossipTimeoutError, match=r"only 4 of 8 ClientApps replied.*set num-supernodes = 8"):
+    with pytest.raises(GossipTimeoutError, match=r"only 4 Flower SuperNodes connected.*n_nodes = 8.*set num-supernodes = 8"):
         strat.start(grid)
