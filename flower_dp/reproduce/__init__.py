@@ -112,6 +112,7 @@ def reproduce(
     rio.write_csv(out_path / "summary.csv", summary)
     meta["sweep_wall_time_s"] = wall
     meta["compute_time_s"] = sum(float(r.get("wall_time_s", 0.0) or 0.0) for r in records)
+    meta["cpu_time_s"] = sum(float(r.get("cpu_time_s", 0.0) or 0.0) for r in records if r.get("cpu_time_s") == r.get("cpu_time_s"))
     report = _report_md(p, meta, records, claims, tables_md, plots)
     rio.atomic_write_bytes(out_path / "report.md", report.encode())
     for c in claims:
@@ -138,8 +139,9 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         meta["command"],
         "```",
         "",
-        f"Compute time of the runs: {compute / 60:.1f} min (sum of the runs' wall times; "
-        f"this invocation took {meta['sweep_wall_time_s'] / 60:.1f} min). Machine: {meta['machine']}. "
+        f"Time: the runs took {compute / 60:.1f} min of wall time and {meta['cpu_time_s'] / 60:.1f} min of CPU time "
+        f"in the driver process (sum over runs; this invocation: {meta['sweep_wall_time_s'] / 60:.1f} min, "
+        f"finished runs are reused). Machine: {meta['machine']}. "
         f"Versions: torch {meta['versions'].get('torch')}, flwr {meta['versions'].get('flwr')}, "
         f"dp-accounting {meta['versions'].get('dp-accounting')}.",
         "",

@@ -169,6 +169,15 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
     return rec
 
 
+def _note_cpu(run_dir: Path, cpu: float) -> None:
+    rio.write_json(run_dir / "cpu_time.json", {"cpu_time_s": cpu})
+
+
+def _read_cpu(run_dir: Path) -> float:
+    doc = _load_json(run_dir / "cpu_time.json")
+    return float(doc["cpu_time_s"]) if doc else float("nan")
+
+
 _CSV_SKIP = ("labels", "history", "config")
 
 
@@ -200,7 +209,7 @@ def run_sweep(
         for spec in specs:
             run_dir = out / "runs" / spec.run_id
             run_dir.mkdir(parents=True, exist_ok=True)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             if spec.kind == "pushsum":
                 doc = _run_pushsum(spec, run_dir, backend)
             else:
@@ -209,6 +218,11 @@ def run_sweep(
                     raise ValueError(f"paper {paper.name!r} has no runner for kind {spec.kind!r}")
                 doc = runner(spec, run_dir, backend)
             rec = record_from_doc(spec, doc)
+            if not rec["reused"]:
+                rec["cpu_time_s"] = time.process_time() - c0
+                _note_cpu(run_dir, rec["cpu_time_s"])
+            else:
+                rec["cpu_time_s"] = _read_cpu(run_dir)
             records.append(rec)
             state = "reused (already finished)" if rec["reused"] else f"done in {time.perf_counter() - t0:.0f} s"
             log(f"[{len(records)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "

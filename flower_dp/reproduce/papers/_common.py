@@ -33,11 +33,12 @@ def pushsum_spec(
     test_samples: int | None = None,
     topology_kwargs: dict[str, Any] | None = None,
     partition: str = "shuffle_split",
+    checkpoint: bool = True,
 ) -> RunSpec:
     """A :class:`RunSpec` for the in-process runner (config as :func:`config_from_dict` takes it)."""
     config = {
         "run": {"name": run_id, "seed": int(seed), "num_iters": int(num_iters), "eval_every": int(eval_every),
-                "checkpoint": True, "progress": True},
+                "checkpoint": bool(checkpoint), "progress": True},
         "data": {"dataset": dataset, "partition": partition, "samples_per_node": samples_per_node,
                  "test_samples": test_samples},
         "model": {"name": model},

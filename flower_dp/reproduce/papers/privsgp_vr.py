@@ -1,0 +1,236 @@
+"""PrivSGP-VR (specs/privsgp-vr.md §4.3, §5.3, §6): the optimal K* (Fig. 7), VR vs no VR (Fig. 9), baselines (Fig. 10).
+
+The paper has no numeric tables; its claims are curve shapes.  The K* of eq. (12) needs the problem
+constants A = 13 F0 + 6 L ||x0||^2 + 18 L b^2 and L, which the paper estimates but never reports
+for MNIST.  We estimate them on our model and data at x^0 (:func:`estimate_kstar_constants`):
+F0 = f(x0) (f* >= 0 for cross-entropy), L = top Hessian eigenvalue at x0 (power iteration on
+Hessian-vector products), b^2 = mean squared distance of the node gradients from the global one,
+||x0||^2 exactly; c2 = 0.3724, the value that reproduces the paper's CIFAR K* = 3120 (the paper
+never gives c2).  Noise then follows eq. (11) for each K (``calibration = "paper"``), exactly as the
+paper's Fig. 7 does, and the rigorous eps of each run is reported beside the target.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..core import Claim, Paper, acc_pm, fmt, group_records, new_axes, pick, savefig
+from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec
+
+C2 = 0.3724
+K_RATIOS = (125 / 575, 270 / 575, 1.0, 1200 / 575, 2075 / 575)  # the paper's MNIST grid around K* = 575
+SETTINGS: dict[str, dict[str, Any]] = {
+    "smoke": dict(n=4, J=600, block=40, G=0.5, eps=1.0, lr=0.3, vr_K=4, vr_eval=2, test_samples=300, k_min=2,
+                  k_max=45, baseline_K=4),
+    "ci": dict(n=20, J=1200, block=40, G=0.5, eps=1.0, lr=0.3, vr_K=200, vr_eval=50, test_samples=2000, k_min=5,
+               k_max=2000, baseline_K=200),
+    "full": dict(n=50, J=1200, block=40, G=0.5, eps=1.0, lr=0.3, vr_K=1000, vr_eval=100, test_samples=None,
+                 k_min=5, k_max=20000, baseline_K=1000),
+}
+DELTA = 1e-5
+MODEL = "mlp_2layer"
+
+
+@functools.lru_cache(maxsize=8)
+def estimate_kstar_constants(model: str, dataset: str, n: int, J: int, seed: int = 0, hvp_samples: int = 1000,
+                             power_iters: int = 15) -> dict[str, float]:
+    """Problem constants of eq. (10)/(12) at x^0, estimated on the actual model and node data (see module doc)."""
+    import torch
+    from torch.func import functional_call, grad, jvp
+
+    from flower_dp.data import load_dataset, partition
+    from flower_dp.models import build_model
+
+    train = load_dataset(dataset, train=True)
+    parts = [p[:J] for p in partition(np.asarray(train.y), n, scheme="shuffle_split", seed=seed)]
+    m = build_model(model, num_classes=train.num_classes, seed=seed)
+    params = {k: v.detach() for k, v in m.named_parameters()}
+
+    def loss(p, x, y):
+        return torch.nn.functional.cross_entropy(functional_call(m, p, (x,)), y)
+
+    def flat(d):
+        return torch.cat([v.reshape(-1) for v in d.values()])
+
+    g = grad(loss)
+    idx = np.concatenate(parts)
+    F0 = float(loss(params, train.x[idx], train.y[idx]))
+    g_all = flat(g(params, train.x[idx], train.y[idx]))
+    b2 = float(np.mean([float((flat(g(params, train.x[p], train.y[p])) - g_all).pow(2).sum()) for p in parts]))
+    x0 = float(flat(params).pow(2).sum())
+    sub = np.random.default_rng(seed).choice(len(idx), min(hvp_samples, len(idx)), replace=False)
+    xs, ys = train.x[idx[sub]], train.y[idx[sub]]
+    gen = torch.Generator().manual_seed(seed)
+    v = {k: torch.randn(p.shape, generator=gen) for k, p in params.items()}
+    norm = float(flat(v).norm())
+    v = {k: t / norm for k, t in v.items()}
+    lam = 0.0
+    for _ in range(power_iters):
+        _, hv = jvp(lambda p: g(p, xs, ys), (params,), (v,))
+        lam = float(flat(hv).norm())
+        v = {k: t / lam for k, t in hv.items()}
+    d = int(sum(p.numel() for p in params.values()))
+    A = 13 * F0 + 6 * lam * x0 + 18 * lam * b2
+    return {"F0": F0, "L": lam, "x0_sq": x0, "b_sq": b2, "A": A, "d": d}
+
+
+def k_star(scale: str) -> tuple[float, dict[str, float]]:
+    from flower_dp.privacy import paper
+
+    s = SETTINGS[scale]
+    c = estimate_kstar_constants(MODEL, "fashion_mnist", s["n"], s["J"])
+    K = paper.k_star_privsgp_vr(s["eps"], DELTA, J=s["J"], n_nodes=s["n"], A=c["A"], L=c["L"], d=c["d"], G=s["G"],
+                                c2=C2)
+    return float(K), c
+
+
+def _common(s, **kw):
+    return dict(n_nodes=s["n"], model=MODEL, dataset="fashion_mnist", samples_per_node=s["J"],
+                test_samples=s["test_samples"], **kw)
+
+
+def build_runs(scale: str, table: str, seeds: list[int]):
+    s = SETTINGS[scale]
+    specs = []
+    base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA)
+    if table == "headline":
+        K_star, _ = k_star(scale)
+        Ks = sorted({int(min(s["k_max"], max(s["k_min"], round(r * K_star)))) for r in K_RATIOS})
+        for seed in seeds:
+            for K in Ks:
+                specs.append(pushsum_spec(
+                    f"fig7-K{K}", {"figure": "fig7", "algorithm": "PrivSGP-VR", "K": K, "K_star": round(K_star, 1)},
+                    seed=seed, num_iters=K, eval_every=max(1, K // 4), topology="exp_one_peer",
+                    algorithm="privsgp_vr", params={**base, "epsilon": s["eps"], "calibration": "paper", "c2": C2},
+                    **_common(s)))
+            for alg, label in (("privsgp_vr", "PrivSGP-VR"), ("privsgp", "PrivSGP")):
+                specs.append(pushsum_spec(
+                    f"fig9-{alg}", {"figure": "fig9", "algorithm": label, "K": s["vr_K"], "K_star": None},
+                    seed=seed, num_iters=s["vr_K"], eval_every=s["vr_eval"], topology="exp_one_peer", algorithm=alg,
+                    params={**base, "noise_std": math.sqrt(0.01)}, **_common(s)))
+    else:  # fig10: the baselines on the undirected ring at equal (eps, delta), rigorous calibration
+        for seed in seeds:
+            for alg, label, extra in (("privsgp_vr", "PrivSGP-VR", {}), ("dp2_sgd", "DP2-SGD", {}),
+                                      ("adp2_sgd", "A(DP)2SGD", {})):
+                specs.append(pushsum_spec(
+                    f"fig10-{alg}", {"figure": "fig10", "algorithm": label, "K": s["baseline_K"], "K_star": None},
+                    seed=seed, num_iters=s["baseline_K"], eval_every=max(1, s["baseline_K"] // 4),
+                    topology="undirected_ring", algorithm=alg,
+                    params={**base, "epsilon": s["eps"], "calibration": "rigorous", **extra}, **_common(s)))
+    return specs
+
+
+def check_claims(records, table: str, scale: str) -> list[Claim]:
+    groups = group_records(records)
+    claims = []
+    if table == "headline":
+        fig7 = sorted([g for g in groups if g["figure"] == "fig7"], key=lambda g: g["K"])
+        if fig7:
+            K_star = fig7[0]["K_star"]
+            best = max(fig7, key=lambda g: g["final_acc"])
+            ratio = best["K"] / K_star
+            curve = ", ".join(f"K={g['K']}: {fmt(g['final_acc'])}" for g in fig7)
+            claims.append(Claim(
+                "accuracy vs K (sigma from eq. 11 for each K) peaks near the K* of eq. (12)",
+                bool(0.45 <= ratio <= 2.2),
+                f"K* = {K_star:g}; best K = {best['K']} ({ratio:.2f} K*); {curve}"))
+            accs = [g["final_acc"] for g in fig7]
+            i = int(np.argmax(accs))
+            unimodal = all(accs[j] <= accs[j + 1] + 1e-9 for j in range(i)) and all(
+                accs[j] >= accs[j + 1] - 1e-9 for j in range(i, len(accs) - 1))
+            claims.append(Claim("the accuracy-vs-K curve is unimodal (worse at much smaller and much larger K)",
+                                bool(unimodal and 0 < i < len(accs) - 1), curve))
+            over = [f"K={g['K']}: {fmt(g['eps_rigorous'])}" for g in fig7]
+            claims.append(Claim("eq. (11)'s sigma delivers the target eps under a rigorous accountant",
+                                all(g["eps_rigorous"] <= SETTINGS[scale]["eps"] * (1 + 1e-6) for g in fig7),
+                                f"target {SETTINGS[scale]['eps']:g}; rigorous eps " + "; ".join(over)))
+        ok, detail = ordering_claim_detail("PrivSGP-VR", pick(groups, figure="fig9", algorithm="PrivSGP-VR"),
+                                           "PrivSGP", pick(groups, figure="fig9", algorithm="PrivSGP"))
+        claims.append(Claim("VR beats no VR at equal noise (sigma^2 = 0.01, same K)", ok, detail))
+        vr, novr = pick(groups, figure="fig9", algorithm="PrivSGP-VR"), pick(groups, figure="fig9", algorithm="PrivSGP")
+        if vr and novr:
+            claims.append(Claim("VR has the lower final test loss at equal noise", bool(vr["final_loss"] < novr["final_loss"]),
+                                f"{fmt(vr['final_loss'])} vs {fmt(novr['final_loss'])}"))
+    else:
+        vr = pick(groups, algorithm="PrivSGP-VR")
+        for other in ("DP2-SGD", "A(DP)2SGD"):
+            ok, detail = ordering_claim_detail("PrivSGP-VR", vr, other, pick(groups, algorithm=other))
+            claims.append(Claim(f"PrivSGP-VR beats {other} on the undirected ring at equal (eps, delta)", ok, detail))
+    return claims
+
+
+def render(records, table: str, scale: str, out: Path):
+    groups = group_records(records)
+    s = SETTINGS[scale]
+    lines = []
+    plots = []
+    if table == "headline":
+        fig7 = sorted([g for g in groups if g["figure"] == "fig7"], key=lambda g: g["K"])
+        K_star, c = k_star(scale)
+        lines += [f"## Fig. 7 analogue: accuracy vs K at (eps, delta) = ({s['eps']:g}, {DELTA:g}), sigma from eq. (11)", "",
+                  f"n = {s['n']}, J = {s['J']} samples per node, blocks of b = {s['block']}, G = {s['G']}, "
+                  f"lr = {s['lr']}, c2 = {C2}. Constants estimated at x0: F0 = {fmt(c['F0'])}, L = {fmt(c['L'])}, "
+                  f"||x0||^2 = {fmt(c['x0_sq'])}, b^2 = {fmt(c['b_sq'])}, A = {fmt(c['A'])}, d = {c['d']} -> "
+                  f"**K* = {K_star:.1f}** (the paper's MNIST K* is 575 with its unreported constants).", ""]
+        rows = [[str(g["K"]), f"{g['K'] / K_star:.2f}", acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_paper"]),
+                 fmt(g["eps_rigorous"])] for g in fig7]
+        lines += md_table(["K", "K / K*", "accuracy", "test loss", "eps (paper formula)", "eps rigorous"], rows) + [""]
+        fig9 = [g for g in groups if g["figure"] == "fig9"]
+        lines += [f"## Fig. 9 analogue: VR vs no VR at equal noise (sigma^2 = 0.01 on g), K = {s['vr_K']}", ""]
+        lines += md_table(["algorithm", "accuracy", "test loss", "eps rigorous"],
+                          [[g["algorithm"], acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_rigorous"])] for g in fig9])
+        lines += ["", "The paper reports no numbers for these figures (curves only; spec §6)."]
+        fig, axes = new_axes(2)
+        plot_acc_vs(axes[0], [dict(g, series="PrivSGP-VR (eq. 11 sigma)") for g in fig7], x="K", series_key="series",
+                    xlabel="iterations K", title=f"accuracy vs K; K* = {K_star:.0f} (dashed)")
+        axes[0].axvline(K_star, ls="--", color="gray")
+        axes[0].set_xscale("log")
+        plot_curves(axes[1], [r for r in records if r["labels"]["figure"] == "fig9"], label_key="algorithm",
+                    title="VR vs no VR, equal noise")
+        plots.append(savefig(fig, out, "accuracy_vs_K.png"))
+        fig, axes = new_axes(1)
+        plot_curves(axes[0], [r for r in records if r["labels"]["figure"] == "fig7"], label_key="K",
+                    title="accuracy vs iteration for each K (eq. 11 noise)")
+        plots.append(savefig(fig, out, "accuracy_vs_iteration.png"))
+    else:
+        lines += [f"## Fig. 10 analogue: undirected ring, n = {s['n']}, (eps, delta) = ({s['eps']:g}, {DELTA:g}), "
+                  f"K = {s['baseline_K']}, rigorous calibration", ""]
+        lines += md_table(["algorithm", "accuracy", "test loss", "eps rigorous"],
+                          [[g["algorithm"], acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_rigorous"])] for g in groups])
+        fig, axes = new_axes(1)
+        plot_curves(axes[0], records, label_key="algorithm", title="baselines on the undirected ring")
+        plots.append(savefig(fig, out, "accuracy_vs_iteration.png"))
+    return lines, plots
+
+
+def differences(table: str, scale: str) -> list[str]:
+    s = SETTINGS[scale]
+    return [
+        "Dataset: Fashion-MNIST stands in for MNIST (MNIST is not available offline); the model is the spec's "
+        "784-128-10 MLP.",
+        f"K* comes from constants we estimate on our model at x0 and from c2 = {C2} (never given by the paper), so "
+        "our K* differs from the paper's 575; what is checked is where the accuracy peaks relative to *our* K*.",
+        f"Blocks of b = {s['block']} samples (block SAGA, spec DECISION 8.6) instead of single samples, so the VR "
+        "table fits in memory; eq. (11) does not depend on b.",
+        f"Constant lr = {s['lr']} for every K (the paper does not report its step size); n = {s['n']} nodes with "
+        f"J = {s['J']} samples each (the paper's MNIST setting has n = 50, J = 1200).",
+        "eq. (11) is the paper's calibration (c2 is not a DP constant): the rigorous eps column shows what it really gives.",
+    ]
+
+
+PAPER = Paper(
+    name="privsgp-vr",
+    title="PrivSGP-VR: differentially private variance-reduced stochastic gradient push",
+    tables={"headline": "Fig. 7 (optimal K*) and Fig. 9 (VR vs no VR), 2-layer net",
+            "fig10": "Fig. 10, PrivSGP-VR vs DP2-SGD vs A(DP)2SGD on the undirected ring"},
+    default_table="headline",
+    build_runs=build_runs,
+    check_claims=check_claims,
+    render=render,
+    differences=differences,
+)
