@@ -282,3 +282,16 @@ def test_train_sampling_options_are_refused_but_evaluation_options_compose():
         _strategy(fraction_train=0.5)
     s = _strategy(fraction_evaluate=0.5, min_evaluate_nodes=2)
     assert s.fraction_evaluate == 0.5 and s.min_train_nodes == B and s.fraction_train == B / N
+
+
+@pytest.mark.parametrize("N,B,K,z,want", [(1920, 80, 30, None, 12.221), (1920, 80, 30, 1.0, 2.398),
+                                          (1920, 80, 14, 1.058, 1.793), (960, 80, 25, 1.4138, 1.993),
+                                          (1920, 80, 100, 1.0, 3.413)])
+def test_reported_poisson_eps_matches_the_spec_reference_table(N, B, K, z, want):
+    """Spec §5.3 table (Poisson q = B/N, RDP, integer orders 2..256); None = the paper's z for eps = 3 (0.5162)."""
+    sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=K, B=B, N=N, noise_multiplier=z,
+                           calibration="paper")
+    assert sch.eps_poisson_approx_after(K, 1e-5) == pytest.approx(want, abs=0.01)
+    if z is None:  # the spec §5.4 worked example: the closed form says 3, the rigorous accountants say far more
+        assert sch.z[0] == pytest.approx(0.5162, abs=1e-4) and sch.eps_paper == pytest.approx(3.0)
+        assert sch.eps_rigorous > sch.eps_poisson_approx_after(K, 1e-5) > 3
