@@ -167,3 +167,13 @@ def test_needs_generator_and_flat_input():
         make_compressor("rand_0.5").compress(torch.ones(4))
     with pytest.raises(ValueError, match="1-D"):
         make_compressor("identity").compress(torch.ones(2, 2))
+
+
+@pytest.mark.parametrize("name", ["identity", "rand_0.5", "gsgd_8", "gsgd_8_bucket64_rescale", "topk_0.1"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_input_rejected(name, bad):
+    """Issue 3 bad input: a non-finite vector is refused, naming the count, never silently compressed."""
+    x = torch.ones(16)
+    x[3] = bad
+    with pytest.raises(ValueError, match="x must be finite, got 1 NaN/inf entries of 16"):
+        make_compressor(name).compress(x, _gen(0))

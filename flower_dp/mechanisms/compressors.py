@@ -49,6 +49,12 @@ def _check_vec(x: torch.Tensor) -> torch.Tensor:
     if not isinstance(x, torch.Tensor) or x.dim() != 1:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"x must be a 1-D torch.Tensor (a flat vector), got {shape}; flatten it first")
+    if x.dtype.is_floating_point and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x)).sum())
+        raise ValueError(
+            f"x must be finite, got {bad} NaN/inf entries of {x.numel()}; the vector to compress diverged "
+            "(lower the learning rate or the noise)"
+        )
     return x
 
 
