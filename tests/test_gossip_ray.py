@@ -275,3 +275,30 @@ def test_real_algorithms_bit_identical_on_ray(ray_local, algorithm, params, topo
         assert reports[0] == ref[0].privacy_report()
     finally:
         be.shutdown()
+
+
+def test_gpu_share_falls_back_to_cpu_with_a_log_line(ray_local, caplog):
+    """num_gpus_per_host > 0 on a Ray cluster without GPUs: one log line, hosts on CPU, same numbers."""
+    import logging
+
+    import ray
+
+    topo = make_topology("random_irregular", 4, seed=1)
+    factory = functools.partial(build_toy_node, topology=topo, dim=4, seed=1)
+    has_gpu = bool(ray.cluster_resources().get("GPU", 0))
+    with caplog.at_level(logging.WARNING, logger="flower_dp.gossip.ray_backend"):
+        be = RayGossipBackend(4, factory, num_hosts=2, num_gpus_per_host=0.5, timeout_s=30)
+    try:
+        if has_gpu:
+            assert be.devices == ["cuda", "cuda"]
+        else:
+            assert be.devices == ["cpu", "cpu"] and be.num_gpus_per_host == 0.0
+            assert any("has no GPU; falling back to CPU for all 2 host actors" in r.getMessage() for r in caplog.records)
+        be.setup()
+        be.run_segment(0, 3)
+        ref, _, _ = _inprocess(factory, 4, [(0, 3)])
+        states = be.state_dicts()
+        for nd in ref:
+            torch.testing.assert_close(states[nd.node_id]["x"], nd.x, rtol=0, atol=0 if not has_gpu else 1e-6)
+    finally:
+        be.shutdown()
