@@ -266,3 +266,25 @@ def test_layer_not_called_gets_zero_gradient():
     got, _ = ghost_clipped_grad_sum(model, F.cross_entropy, x, y, 0.5)
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-14)
     assert not got[15:].any()  # used.weight (12) + used.bias (3), then spare.*
+
+
+def test_cached_plan_follows_changes_to_the_model():
+    """The per-model plan is rebuilt when a parameter is frozen/unfrozen or a layer replaced between calls."""
+    model = build_model("mlp_2layer", seed=4).double()
+    x, y = _data((1, 28, 28), 6)
+    for step in ("full", "freeze", "unfreeze", "replace", "batchnorm"):
+        if step == "freeze":
+            model.fc1.bias.requires_grad_(False)
+        elif step == "unfreeze":
+            model.fc1.bias.requires_grad_(True)
+        elif step == "replace":
+            model.fc2 = nn.Linear(128, 10).double()
+        elif step == "batchnorm":
+            model.fc2 = nn.Sequential(nn.BatchNorm1d(128), nn.Linear(128, 10)).double()
+            with pytest.raises(ValueError, match="BatchNorm"):
+                ghost_clipped_grad_sum(model, F.cross_entropy, x, y, 0.5)
+            continue
+        ref, _ = per_sample_clipped_grad_sum(model, F.cross_entropy, x, y, 0.5)
+        got, _ = ghost_clipped_grad_sum(model, F.cross_entropy, x, y, 0.5)
+        assert got.shape == ref.shape, step
+        torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)

@@ -37,7 +37,9 @@ Dropout draws one mask per sample either way, but not the same masks as the refe
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +84,56 @@ def _layers(model: nn.Module) -> dict[str, nn.Module]:
     return owners
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What one call needs to know about a model's trainable parameters (cached per model)."""
+
+    owners: dict[str, nn.Module]  # module name -> module owning trainable parameters
+    named: list[tuple[str, nn.Parameter]]  # trainable parameters, named_parameters order
+    slices: dict[str, tuple[int, int, torch.Size]]  # parameter name -> (start, stop, shape) in the flat vector
+    want: dict[str, set[str]]  # module name -> its trainable leaves ("weight", "bias")
+    dests: dict[str, dict[str, str]]  # module name -> leaf -> parameter name
+    owner_of: dict[str, str]  # parameter name -> module name
+    d: int
+
+
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature(model: nn.Module) -> tuple:
+    """Identity, type, parameters (identity, shape, requires_grad) of every submodule, in order."""
+    return tuple(
+        (id(mod), type(mod), tuple((k, id(p), p.shape, p.requires_grad) for k, p in mod._parameters.items() if p is not None))
+        for mod in model.modules()
+    )
+
+
+def _plan(model: nn.Module) -> _Plan:
+    """The model's :class:`_Plan`, rebuilt (and the model re-checked) whenever its signature changes.
+
+    Raises what :func:`check_ghost_supported` raises.
+    """
+    sig = _signature(model)
+    cached = _PLANS.get(model)
+    if cached is not None and cached[0] == sig:
+        return cached[1]
+    check_no_batchnorm(model)
+    owners = _layers(model)
+    named = trainable_named_parameters(model)
+    slices, start = {}, 0
+    for n, p in named:
+        slices[n] = (start, start + p.numel(), p.shape)
+        start += p.numel()
+    want, dests, owner_of = {}, {}, {}
+    for m in owners:
+        dests[m] = {leaf: f"{m}.{leaf}".lstrip(".") for leaf in ("weight", "bias") if f"{m}.{leaf}".lstrip(".") in slices}
+        want[m] = set(dests[m])
+        owner_of.update({n: m for n in dests[m].values()})
+    plan = _Plan(owners, named, slices, want, dests, owner_of, start)
+    _PLANS[model] = (sig, plan)
+    return plan
+
+
 def check_ghost_supported(model: nn.Module) -> None:
     """Raise NotImplementedError (naming the layer) if :func:`ghost_clipped_grad_sum` cannot run ``model``."""
     check_no_batchnorm(model)
@@ -118,7 +170,33 @@ def _ghost_tokens(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch
     return _sqnorm(per), per
 
 
+def _linear_rows(a: torch.Tensor, g: torch.Tensor, want: set[str]):
+    """Linear layer called once on (B, in) rows: the common case, with the fewest tensor ops.
+
+    Per-sample weight gradient ``g_s a_s^T`` has squared norm ``|a_s|^2 |g_s|^2`` and the bias
+    gradient is ``g_s``, so the sum is ``|g_s|^2 (|a_s|^2 + 1)`` (weight and bias).
+    """
+    gg = _sqnorm(g)
+    if "weight" in want:
+        aa = _sqnorm(a)  # a fused reduction: no (B, in) temporary (large ones cost page faults)
+        sq = gg * aa.add_(1.0) if "bias" in want else gg * aa
+    else:
+        sq = gg
+
+    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cg = g * c.unsqueeze(1)
+        if "weight" in want:
+            torch.mm(cg.t(), a, out=dest["weight"])
+        if "bias" in want:
+            torch.sum(cg, 0, out=dest["bias"])
+        return {}
+
+    return sq, clipped
+
+
 def _linear(mod: nn.Linear, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
+    if len(ins) == 1 and ins[0].dim() == 2:
+        return _linear_rows(ins[0], gs[0], want)
     b = ins[0].shape[0]
     a = _cat([x.reshape(b, -1, x.shape[-1]) for x in ins], 1)  # (B, T, in)
     g = _cat([y.reshape(b, -1, y.shape[-1]) for y in gs], 1)  # (B, T, out)
@@ -353,26 +431,21 @@ def ghost_clipped_grad_sum(
     NonFiniteError
         If a per-sample loss or gradient norm is NaN/inf.
     """
-    check_no_batchnorm(model)
-    owners = _layers(model)
+    plan = _plan(model)
+    owners, named, slices = plan.owners, plan.named, plan.slices
     clip = check_positive("clip", clip, allow_inf=True, hint="clip is the per-sample L2 bound C; math.inf disables")
     if x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
-    named = trainable_named_parameters(model)
     if not named:
         raise ValueError("model has no trainable parameter, got none with requires_grad; nothing to clip")
     if chunk_size is not None and check_int("chunk_size", chunk_size, minimum=1) < x.shape[0]:
         return _chunked(model, loss_fn, x, y, clip, params, int(chunk_size))
     ref = named[0][1]
-    d = sum(p.numel() for _, p in named)
+    d = plan.d
     batch = int(x.shape[0])
     if x.shape[0] == 0:
         return torch.zeros(d, dtype=ref.dtype, device=ref.device), ClipStats(0.0, 0.0, 0.0, 0, 0.0)
     total = torch.empty(d, dtype=ref.dtype, device=ref.device)  # every slice is written below
-    slices, start = {}, 0
-    for n, p in named:
-        slices[n] = (start, start + p.numel(), p.shape)
-        start += p.numel()
 
     records: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {m: [] for m in owners}
 
@@ -416,7 +489,7 @@ def ghost_clipped_grad_sum(
     with torch.enable_grad():
         grads = torch.autograd.grad(losses.sum(), outs, allow_unused=True) if outs else ()
     per_layer = {}
-    sq = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
+    sq = None
     gi = 0
     for m, rs in records.items():
         ins, gs = [], []
@@ -428,46 +501,41 @@ def ghost_clipped_grad_sum(
                 gs.append(g.detach())
         if not ins:
             continue  # layer unused by the forward: zero gradient
-        want = {leaf for leaf in ("weight", "bias") if f"{m}.{leaf}".lstrip(".") in slices}
-        sq_m, clipped = _layer_maths(owners[m])(owners[m], ins, gs, want)
-        sq = sq + sq_m  # a layer with no trainable parameter in ``want`` gives 0
+        sq_m, clipped = _layer_maths(owners[m])(owners[m], ins, gs, plan.want[m])
+        if isinstance(sq_m, torch.Tensor):  # a layer with no trainable parameter in ``want`` gives 0
+            sq = sq_m if sq is None else sq.add_(sq_m)  # each layer's sq_m is a fresh tensor
         per_layer[m] = clipped
-    norms = sq.clamp_min(0).sqrt()
+    if sq is None:
+        sq = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
+    norms = sq.clamp_min(0).sqrt_()
     losses = losses.detach()
     # one host sync for every statistic (small models: per-call overhead matters)
-    summary = torch.stack([
-        (torch.isfinite(losses) & torch.isfinite(norms)).sum().to(torch.float64),
-        (norms > clip).sum().to(torch.float64),
-        norms.double().mean(),
-        norms.max().double(),
-        losses.double().mean(),
-    ]).tolist()
-    n_finite, n_clipped, mean_norm, max_norm, mean_loss = summary
-    if n_finite != batch:
+    norm_list, loss_list = torch.stack((norms, losses.to(norms.dtype))).tolist()
+    if not (all(map(math.isfinite, norm_list)) and all(map(math.isfinite, loss_list))):
+        bad = sum(not (math.isfinite(a) and math.isfinite(b)) for a, b in zip(norm_list, loss_list))
         raise NonFiniteError(
-            f"per-sample loss or gradient is not finite for {batch - int(n_finite)} of {batch} samples; "
+            f"per-sample loss or gradient is not finite for {bad} of {batch} samples; "
             "got NaN/inf -- lower the learning rate or check the inputs"
         )
     # clipL2_C exactly as the reference: factor min(1, C/||g||); a zero gradient keeps factor 1.
-    factor = torch.clamp(clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), max=1.0).to(ref.dtype)
-    written = set()
+    factor = torch.clamp_max(clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
+    if factor.dtype != ref.dtype:
+        factor = factor.to(ref.dtype)
     with torch.no_grad():
         for m, clipped in per_layer.items():
-            names = {leaf: f"{m}.{leaf}".lstrip(".") for leaf in ("weight", "bias")}
-            dest = {leaf: total[slices[n][0] : slices[n][1]].view(slices[n][2]) for leaf, n in names.items() if n in slices}
+            dest = {leaf: total[slices[n][0] : slices[n][1]].view(slices[n][2]) for leaf, n in plan.dests[m].items()}
             rest = clipped(factor, dest)
             for leaf, val in rest.items():
                 dest[leaf].copy_(val.reshape(dest[leaf].shape))
-            written.update(n for n in names.values() if n in slices)
         for n, (lo, hi, _) in slices.items():
-            if n not in written:  # a layer the forward pass did not use: zero gradient
+            if plan.owner_of[n] not in per_layer:  # a layer the forward pass did not use: zero gradient
                 total[lo:hi] = 0
     stats = ClipStats(
-        clip_fraction=n_clipped / batch if math.isfinite(clip) else 0.0,
-        mean_norm=mean_norm,
-        max_norm=max_norm,
+        clip_fraction=sum(v > clip for v in norm_list) / batch if math.isfinite(clip) else 0.0,
+        mean_norm=math.fsum(norm_list) / batch,
+        max_norm=max(norm_list),
         batch_size=batch,
-        mean_loss=mean_loss,
+        mean_loss=math.fsum(loss_list) / batch,
     )
     return total, stats
 
