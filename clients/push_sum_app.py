@@ -35,7 +35,8 @@ from flower_dp.gossip import relay as keys
 from flower_dp.rng import numpy_rng
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
-           "registry_builder", "spec_from_config", "make_client_app", "handle_message", "BUILDERS"]
+           "registry_builder", "spec_from_config", "plan_spec", "model_builder", "make_client_app", "handle_message",
+           "BUILDERS"]
 
 
 
@@ -252,6 +253,57 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
     return functools.partial(build_registry_node, config=spec["config"], plan=spec["plan"])
 
 
+def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
+              samples_per_node: int | list[int], num_iters: int, topology: str = "exp_one_peer",
+              topology_kwargs: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Server side of a drop-in run with your own model: the node spec for :class:`PushSumStrategy`.
+
+    Parameters
+    ----------
+    algorithm, params : registry name and its parameters (``flower_dp.clients.registry``)
+    n_nodes : int
+        Number of SuperNodes = push-sum nodes.
+    model_fn : callable () -> torch.nn.Module
+        Your model (called once here for its size d).
+    samples_per_node : int or list of int
+        Local dataset size J_i of each node (what your ``load_data`` returns), for the sampling rates.
+    num_iters : int
+        K requested; ``spec["plan"].num_iters`` is K after any budget truncation.
+    topology, topology_kwargs : a :func:`flower_dp.topology.make_topology` name and arguments.
+    """
+    from flower_dp.clients.registry import prepare
+
+    J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
+    dim = sum(p.numel() for p in model_fn().parameters())
+    plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
+                   dim=dim, seed=int(seed))
+    return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
+            "topology_kwargs": dict(topology_kwargs or {})}
+
+
+def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], tuple[Any, Any]],
+                  loss_fn: Callable | None = None) -> NodeBuilder:
+    """Client side of a drop-in run: a node builder from your model and data loader.
+
+    ``load_data(partition_id, num_partitions) -> (x, y)`` tensors of that node (J_i samples);
+    ``model_fn`` and ``loss_fn`` (default cross-entropy) must be importable where the nodes run
+    (module-level functions or classes).  Use with ``make_client_app(model_builder(...))`` and a
+    strategy built from :func:`plan_spec`.
+    """
+
+    def builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
+        from flower_dp.clients.registry import topology_for
+        from flower_dp.topology import make_topology
+
+        plan = spec["plan"]
+        x, y = load_data(int(node_id), int(plan.n_nodes))
+        base = make_topology(spec["topology"], int(plan.n_nodes), **dict(spec["topology_kwargs"]))
+        return functools.partial(build_plan_node, plan=plan, topology=topology_for(plan, base), model_fn=model_fn,
+                                 data={int(node_id): (x, y)}, loss_fn=loss_fn)
+
+    return builder
+
+
 BUILDERS: dict[str, NodeBuilder] = {"toy": toy_builder, "registry": registry_builder}
 
 # (run id, node id, session) -> (version, node); the session tells apart strategies run one after another
@@ -349,7 +401,8 @@ def make_client_app(builder: NodeBuilder | None = None):
     Parameters
     ----------
     builder : callable (node_id, spec, context) -> factory, optional
-        Default: ``BUILDERS[spec["builder"]]`` (``"toy"`` or ``"registry"``).
+        Default: ``BUILDERS[spec["builder"]]`` (``"toy"`` or ``"registry"``); for your own model and
+        data, ``model_builder(model_fn, load_data)``.
     """
     from flwr.app import Message, RecordDict
     from flwr.clientapp import ClientApp
