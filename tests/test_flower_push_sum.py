@@ -60,7 +60,8 @@ def _run_flower(transport: str, out_dir, **kw):
 
     t0 = time.perf_counter()
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=N,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
     seen["wall"] = time.perf_counter() - t0
     assert "strategy" in seen, "the ServerApp did not finish (see the log above)"
     return seen
@@ -130,7 +131,8 @@ def test_flower_on_ray_partpsp_matches_inprocess_runner(tmp_path):
             seen["strategy"] = strat
 
         run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=N,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
     hist = seen["strategy"].history
     assert [h["k"] for h in hist] == [h["k"] for h in ref.history] == [3, 6]
     for mine, theirs in zip(hist, ref.history):
@@ -201,3 +203,22 @@ def test_flwr_run_example_app(tmp_path):
             os.killpg(link.pid, signal.SIGKILL)  # superexec / simulation children of that session
         except ProcessLookupError:
             pass
+
+
+@pytest.mark.parametrize("paper", ["dyn_d2p", "privsgp_vr", "dp_csgp", "partpsp"])
+def test_example_paper_configs_plan(paper, monkeypatch):
+    """examples/push_sum ships one config per decentralized paper; each loads and plans (server side)."""
+    import sys
+    from pathlib import Path
+
+    from flower_dp.clients.push_sum_app import spec_from_config
+    from flower_dp.experiments import load_config
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "push_sum"))
+    from push_sum_example.server_app import _config_path
+
+    path = _config_path(paper)
+    assert path.parent.name == "configs" and path.is_file()
+    spec = spec_from_config(load_config(path).with_overrides({"run.num_iters": 20}))
+    assert spec["plan"].algorithm == paper and spec["plan"].n_nodes == 8 and spec["plan"].num_iters == 20
+    sys.modules.pop("push_sum_example.server_app", None)

@@ -97,7 +97,8 @@ def test_three_backends_same_node_parameters(tmp_path):
             raise
 
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=N,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
     assert "error" not in seen, repr(seen.get("error"))
     problems = []
     for name in CASES:

@@ -36,7 +36,8 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
     from flower_dp.clients.push_sum_app import model_builder, plan_spec
 
     run_simulation(server_app=server_app.app, client_app=client_app.app, num_supernodes=NUM_PARTITIONS,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
     doc = json.loads((tmp_path / "dropin_results" / "results.json").read_text())
     assert doc["status"] == "finished" and [h["k"] for h in doc["history"]] == [4, 8, 12]
     assert all(0 < p["eps_rigorous"] <= 3.0 + 1e-9 for p in doc["privacy"]["per_node"])

@@ -81,7 +81,8 @@ def test_killed_host_actor_restarts_from_checkpoint_or_stops_cleanly(tmp_path, c
             raise
 
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=N,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
     assert "error" not in seen, repr(seen.get("error"))
 
     # 1. automatic restart: the failure is named, the numbers are those of an uninterrupted run

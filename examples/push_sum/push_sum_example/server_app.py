@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -12,6 +13,19 @@ from flower_dp.strategies.push_sum import PushSumStrategy
 
 app = ServerApp()
 log = logging.getLogger(__name__)
+
+
+def _config_path(name: str) -> Path:
+    """A paper config shipped here (``configs/NAME.toml``: dyn_d2p, privsgp_vr, dp_csgp, partpsp), a flower-dp
+    built-in (quickstart), or a path."""
+    here = Path(__file__).parent / "configs" / f"{name}.toml"
+    if here.is_file():
+        return here
+    if Path(name).suffix:
+        return Path(name)
+    from flower_dp.experiments.cli_run import builtin_config_path
+
+    return builtin_config_path(name)
 
 
 def _spec(cfg: dict) -> tuple[dict, int, object]:
@@ -27,7 +41,8 @@ def _spec(cfg: dict) -> tuple[dict, int, object]:
     from flower_dp.experiments.runner import evaluate_params
     from flower_dp.models import build_model
 
-    ecfg = load_config(cfg["experiment"]).with_overrides({"topology.n_nodes": n, "run.num_iters": int(cfg["num-iters"])})
+    ecfg = load_config(_config_path(cfg["experiment"])).with_overrides(
+        {"topology.n_nodes": n, "run.num_iters": int(cfg["num-iters"])})
     spec = spec_from_config(ecfg)
     test = load_dataset(ecfg.data["dataset"], train=False, root=ecfg.data["root"])
     m = int(ecfg.data["test_samples"] or len(test.y))
