@@ -126,3 +126,16 @@ def test_dp_csgp_converges_and_degrades_with_eps():
     small = _gap("dp_csgp", dict(common, epsilon=0.5))
     assert big < 0.08, big
     assert small > big + 0.02, (small, big)
+
+
+def test_dp2_sgd_baseline_gets_the_same_noise_and_eps():
+    """dp-csgp.md 3.9 DECISION: DP2SGD runs with the same G, sigma (same calibration), B and T, so only the
+    communication differs (32 d per message, no weight, vs 32 d + 32 for DP-CSGP with identity)."""
+    sizes = dict(n_nodes=4, samples_per_node=[500] * 4, num_iters=200, dim=50, seed=0)
+    common = dict(lr=0.1, batch_size=16, G=1.5, epsilon=3.0, delta=1e-4, accountant="rdp")
+    cs = registry.prepare("dp_csgp", dict(common, compressor="identity"), **sizes)
+    dp2 = registry.prepare("dp2_sgd", common, **sizes)
+    assert cs.q == dp2.q == (16 / 500,) * 4
+    np.testing.assert_allclose(cs.noise_std[0], dp2.noise_std[0], rtol=1e-9)
+    np.testing.assert_allclose(cs.nu[0], dp2.nu[0], rtol=1e-9)
+    assert cs.eps_rigorous[0] == pytest.approx(dp2.eps_rigorous[0], rel=1e-9) and cs.eps_rigorous[0] <= 3.0
