@@ -7,11 +7,11 @@ shared machine absolute times are noisy; the ratios are what to compare.
 | key | figure | yardstick |
 |---|---|---|
 | ``private_step_ratio_{cnn,mlp}_b64`` | DP step with the fast (ghost) clipping path | non-private step |
-| ``engine_overhead_ratio`` | Ray host-actor segment, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
+| ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
 | ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
 | ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
-| ``wire_ratio`` | bytes of an LRQ upload as a Flower record | algorithmic bits / 8 |
+| ``wire_ratio`` | bytes Flower ships for a Gau-LRQ round's uploads (real mod) | algorithmic bits / 8 |
 | ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale) | |
 
 A benchmark whose code under test does not exist yet reports ``null`` with a ``missing`` note.
@@ -150,18 +150,22 @@ def format_table(doc: dict) -> str:
                      f"np {r['nonprivate_ms']:.3g} ms, fast {r['dp_fast_ms']:.3g} ms, vmap {r['dp_vmap_ms']:.3g} ms "
                      f"({r['ratio_vmap']:.3g}x)"))
     eo = _get(doc, "details", "engine_overhead") or {}
-    rows.append(("engine overhead ray/inproc", _fmt(doc["engine_overhead_ratio"]),
-                 eo.get("note") or f"ray {eo.get('ray_segment_s')} s vs in-process {eo.get('inprocess_s')} s"))
+    rows.append(("engine overhead flower/inproc", _fmt(doc["engine_overhead_ratio"]),
+                 eo.get("note") or f"Flower segment {eo.get('flower_segment_s')} s (start-up {eo.get('flower_startup_s')} s), "
+                 f"host actors alone {eo.get('ray_backend_segment_s')} s, in-process {eo.get('inprocess_s')} s"))
     ac = _get(doc, "details", "accounting") or {}
     rows.append((f"accounting {ac.get('steps')} steps (s)", _fmt(ac.get("seconds_bucketed")), ac.get("note", "")))
     rows.append(("accounting eps rel diff", _fmt(doc["accounting_eps_rel_diff"]),
                  f"bucketed {_fmt(ac.get('ref_eps_bucketed'))} vs exact {_fmt(ac.get('ref_eps_unbucketed'))}"))
     lc = _get(doc, "details", "lrq_codec") or {}
     rows.append(("LRQ codec / draws", _fmt(doc["lrq_codec_ratio"]),
-                 lc.get("note") or f"d={lc.get('d')}: {lc.get('encode_decode_s')} s vs {lc.get('draw_only_s')} s"))
+                 lc.get("note") or f"d={lc.get('d')}: {lc.get('encode_decode_s')} s vs {lc.get('draw_only_s')} s; "
+                 f"dense worst case {lc.get('ratio_dense')}"))
     wr = _get(doc, "details", "wire") or {}
     rows.append(("LRQ wire / algorithmic", _fmt(doc["wire_ratio"]),
-                 f"{wr.get('wire_bytes')} B vs {wr.get('algorithmic_bytes')} B ({wr.get('m_dtype')})"))
+                 wr.get("note") if wr.get("wire_bytes") is None else
+                 f"{wr.get('wire_bytes')} B vs {wr.get('algorithmic_bytes')} B ({wr.get('clients')} clients, "
+                 f"{wr.get('packed_width_bits')}-bit packed)"))
     sc = _get(doc, "details", "scale") or {}
     im = sc.get("inprocess_mlp") or {}
     rows.append(("max nodes in-process MLP", _fmt(doc["max_nodes_inprocess_mlp"]),

@@ -1,10 +1,14 @@
-"""Engine overhead and scale: the same Dyn-D2P nodes stepped in-process and on the Ray host actors.
+"""Engine overhead and scale: the same Dyn-D2P nodes stepped in-process, on the Ray host actors, under Flower.
 
-Engine overhead = time of one gossip segment on :class:`flower_dp.gossip.ray_backend.RayGossipBackend`
-(the engine the Flower simulation runs segments on; Flower's own ~18 s start-up and per-round
-messages are not included) / time of the same segment in-process
-(:func:`flower_dp.gossip.run_iterations`).  n = 16 Dyn-D2P nodes with the shallow CNN, one
-epoch of each node's data (synthetic Fashion-MNIST-shaped tensors: timing only).
+Engine overhead = wall time of one gossip segment under Flower on Ray (``run_simulation`` of
+:class:`flower_dp.strategies.push_sum.PushSumStrategy` with the push-sum ClientApp: one Flower
+round = one segment, its register messages to the n ClientApps, the segment on the 2 Ray host
+actors, the network average) / the same segment in-process (:func:`flower_dp.gossip.run_iterations`).
+n = 16 Dyn-D2P nodes (exp topology) with the shallow CNN, one epoch of each node's data
+(synthetic Fashion-MNIST-shaped tensors: timing only); both sides build their nodes with the
+ClientApp's ``model_builder`` and warm up with the same first round.  Flower's fixed start-up
+(Ray, SuperNodes, host actors, node build, the warm-up round) is reported separately, and so
+is the host-actor engine without Flower (``ray_backend_*``).
 
 Scale: node-iterations per second and resident memory per node for n = 256 two-layer nets
 in-process, and the Ray backend at n = 8 / 32 / 64 shallow CNNs.
@@ -13,6 +17,7 @@ in-process, and the Ray backend at n = 8 / 32 / 64 shallow CNNs.
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import torch
@@ -80,47 +85,160 @@ def _ray_backend(n: int, factory, num_hosts: int):
     return be
 
 
+def _shallow_cnn():
+    """``model_fn`` of the overhead run (module level: the Flower ClientApps and host actors call it)."""
+    from flower_dp.models import build_model
+
+    return build_model("shallow_cnn", seed=0)
+
+
+def _synthetic_data(J: int, partition_id: int, num_partitions: int):
+    """``load_data`` of the overhead run: J Fashion-MNIST-shaped samples of one node (timing only)."""
+    g = torch.Generator().manual_seed(1000 + int(partition_id))
+    return torch.randn(J, 1, 28, 28, generator=g), torch.randint(0, 10, (J,), generator=g)
+
+
+def _spec_node(node_id: int, device: str = "cpu", *, spec: dict, J: int):
+    """The node a Flower ClientApp builds for ``spec`` (``model_builder``), for in-process and host-actor runs."""
+    from flower_dp.clients.push_sum_app import model_builder
+
+    return model_builder(_shallow_cnn, functools.partial(_synthetic_data, J))(node_id, spec)(node_id, device)
+
+
+def _flower_segment(n: int, spec: dict, J: int, iters: int) -> dict:
+    """Two Flower rounds of ``iters`` iterations (PushSumStrategy on the Ray host actors, run_simulation).
+
+    Round 1 warms up (as in-process); round 2 is the measured segment: from the end of round 1 to
+    the end of round 2, i.e. Flower's register messages to the n ClientApps, the segment on the
+    host actors, the network average and the per-node reports.
+    """
+    import ray
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from flower_dp.clients.push_sum_app import make_client_app, model_builder
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    from . import engine as this
+
+    ray.cloudpickle.register_pickle_by_value(this)  # Flower's workers and the hosts need not import benchmarks
+    if ray.is_initialized():
+        ray.shutdown()  # run_simulation starts its own Ray
+    seen: dict = {}
+
+    def evaluate(rnd, avg):
+        seen[f"end_{rnd}"] = time.perf_counter()
+        if rnd == 2:
+            impl = seen["strategy"].backend.call("__getattribute__", None, "_clip_impl")
+            seen["clip_impl"] = sorted({f.__name__ for f in impl.values()})
+        return None
+
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        strat = PushSumStrategy(n, spec, num_iters=2 * iters, iters_per_round=iters, transport="ray",
+                                evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=600,
+                                backend_kwargs={"num_hosts": 2})
+        seen["strategy"] = strat
+        strat.start(grid)
+
+    t0 = time.perf_counter()
+    run_simulation(server_app=server, client_app=make_client_app(model_builder(_shallow_cnn, functools.partial(
+        _synthetic_data, J))), num_supernodes=n, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    t_end = time.perf_counter()
+    if "end_2" not in seen:
+        raise RuntimeError("the Flower run did not finish its two rounds (see the log above)")
+    tim = seen["strategy"].timings
+    return {"flower_segment_s": round(seen["end_2"] - seen["end_1"], 3),
+            "flower_startup_s": round(seen["end_1"] - t0, 2),  # Ray, SuperNodes, host actors, node build, round 1
+            "flower_total_s": round(t_end - t0, 2),
+            "flower_backend_start_s": round(tim.get("backend_start_s", float("nan")), 2),
+            "flower_gossip_s_both_rounds": round(tim.get("gossip_s", float("nan")), 3),
+            "clip_impl_flower": seen.get("clip_impl")}
+
+
 def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
-    """Ray segment / in-process segment, n = 16 (4 quick) shallow CNN Dyn-D2P nodes, one epoch."""
+    """Flower-on-Ray segment / in-process segment, n = 16 (4 quick) shallow CNN Dyn-D2P nodes, one epoch.
+
+    Both use the whole machine as well as they can: Flower runs the nodes on 2 host actors of 1
+    thread; the in-process segment is timed with 1 thread and with ``torch.set_num_threads(cpu
+    count)`` and the faster one is the yardstick (intra-op threads lose on a loaded machine).
+    The nodes are built by the same ``model_builder`` the Flower ClientApps use, so both sides
+    run identical nodes (the clipping path they use is reported: ghost norms on both).
+    """
     try:
-        import flower_dp.clients.registry  # noqa: F401
+        from flower_dp.clients.push_sum_app import plan_spec
     except ImportError as exc:
-        return missing("flower_dp.clients.registry (the algorithms)", exc)
+        return missing("flower_dp.clients.push_sum_app (the algorithms)", exc)
     n, J, batch = (4, 32, 16) if quick else (16, 128, 32)
     iters = J // batch  # one epoch of each node's data (expected batch B, Poisson rate B/J)
-    plan = _plan_for(n, "shallow_cnn", J, iters + 1, batch)  # + 1 warm-up iteration
-    factory = functools.partial(build_node, plan=plan, model_name="shallow_cnn", J=J)
+    params = {"variant": "dyn", "epsilon": 2.0, "delta": 1e-5, "batch_size": batch, "lr": 0.05}
+    spec = plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J, num_iters=2 * iters,
+                     topology="exp")
+    factory = functools.partial(_spec_node, spec=spec, J=J)
     out = {"n": n, "samples_per_node": J, "batch": batch, "iterations": iters, "model": "shallow_cnn",
-           "algorithm": "dyn_d2p", "data": "synthetic (timing only)"}
-    t_in = _inprocess_seconds(factory, n, iters)
-    out["inprocess_s"] = round(t_in, 3)
+           "algorithm": "dyn_d2p", "topology": "exp", "data": "synthetic (timing only)"}
+    cpus = os.cpu_count() or 1
+
+    def inprocess(threads: int) -> tuple[float, str]:
+        from flower_dp.gossip import run_iterations
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            nodes = [factory(i, "cpu") for i in range(n)]
+            for nd in nodes:
+                nd.setup()
+            run_iterations(nodes, 0, iters)  # round 1: warm-up, as under Flower
+            t0 = time.perf_counter()
+            run_iterations(nodes, iters, 2 * iters)
+            return time.perf_counter() - t0, nodes[0]._clip_impl.__name__
+        finally:
+            torch.set_num_threads(before)
+
+    # in-process can use the whole machine only through intra-op threads; on a loaded machine they
+    # can be much slower than one thread, so both are timed and the faster is the yardstick
+    t_one, impl = inprocess(1)
+    t_all, _ = inprocess(cpus) if cpus > 1 else (t_one, impl)
+    best_threads = cpus if t_all < t_one else 1
+    out.update({"inprocess_1thread_s": round(t_one, 3), f"inprocess_{cpus}threads_s": round(t_all, 3),
+                "inprocess_threads": best_threads, "inprocess_s": round(min(t_one, t_all), 3),
+                "clip_impl_inprocess": impl})
     if skip_ray:
         out.update(missing("Ray run skipped (--skip-ray)"))
         return out
-    try:
-        import flower_dp.gossip.ray_backend  # noqa: F401
-    except ImportError as exc:
-        out.update(missing("flower_dp.gossip.ray_backend", exc))
-        return out
     import ray
 
-    try:
+    try:  # the host-actor engine alone (no Flower messages), as a breakdown
         t0 = time.perf_counter()
         be = _ray_backend(n, factory, num_hosts=2)
-        out["ray_startup_s"] = round(time.perf_counter() - t0, 2)
-        be.run_segment(0, 1)  # warm-up, as in-process
-        res = be.run_segment(1, iters + 1)
-        out["ray_segment_s"] = round(res.wall_time_s, 3)
+        out["ray_backend_startup_s"] = round(time.perf_counter() - t0, 2)
+        be.run_segment(0, iters)  # warm-up
+        res = be.run_segment(iters, 2 * iters)
+        out["ray_backend_segment_s"] = round(res.wall_time_s, 3)
+        out["clip_impl_ray_backend"] = sorted({f.__name__ for f in be.call("__getattribute__", None, "_clip_impl").values()})
         be.shutdown()
     except Exception as exc:  # noqa: BLE001 -- report, do not crash the suite
-        out.update(missing("Ray segment failed", exc))
-        return out
+        out["ray_backend_note"] = f"failed: {type(exc).__name__}: {exc}"
     finally:
         ray.shutdown()
-    t_in2 = _inprocess_seconds(factory, n, iters)  # again after Ray: brackets load changes
-    out["inprocess_s_after"] = round(t_in2, 3)
+    try:
+        out.update(_flower_segment(n, spec, J, iters))
+    except Exception as exc:  # noqa: BLE001
+        out.update(missing("Flower-on-Ray run failed", exc))
+        return out
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    t_after, _ = inprocess(best_threads)  # again after Flower: brackets load changes
+    out["inprocess_s_after"] = round(t_after, 3)
+    base = (min(t_one, t_all) + t_after) / 2
+    out["value"] = round(out["flower_segment_s"] / base, 3)
+    if "ray_backend_segment_s" in out:
+        out["ray_backend_ratio"] = round(out["ray_backend_segment_s"] / base, 3)
     out["num_hosts"] = 2
-    out["value"] = round(out["ray_segment_s"] / ((t_in + t_in2) / 2), 3)
     return out
 
 
