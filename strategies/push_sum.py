@@ -369,12 +369,22 @@ class PushSumStrategy(Strategy):
                 self._snapshot = snap
 
     def _write(self, status: str, t0: float, error: str | None) -> None:
+        """``results.json`` and ``history.csv`` in the in-process runner's layout (plus Flower's extras)."""
         if self.out_path is None:
             return
-        doc = {"name": self.run_name, "status": status, "error": error, "backend": f"flower-{self.transport}",
-               "algorithm": self.spec.get("algorithm", "custom"), "num_iters": self.num_iters,
-               "iters_per_round": self.iters_per_round, "history": self.history,
-               "privacy": {"per_node": self.privacy}, "bits_sent_per_node": self.bits.tolist(),
-               "failures": self.failures,
+        plan = self.spec.get("plan")
+        summary = getattr(plan, "summary", None)
+        rows = [{**{key: v for key, v in row.items() if key != "eval"}, **row.get("eval", {})} for row in self.history]
+        if status == "finished" and plan is not None and self.num_iters < int(getattr(plan, "num_iters_requested",
+                                                                                      self.num_iters)):
+            status = "stopped_by_budget"
+        doc = {"name": self.run_name, "status": status, "error": error,
+               "config": (self.spec.get("config") or {}), "seed": getattr(plan, "seed", None),
+               "algorithm": self.spec.get("algorithm", "custom"), "backend": f"flower-{self.transport}",
+               "num_iters_requested": int(getattr(plan, "num_iters_requested", self.num_iters)),
+               "num_iters": self.num_iters, "iters_per_round": self.iters_per_round, "history": rows,
+               "privacy": {"per_node": self.privacy, "plan": summary() if callable(summary) else {}},
+               "bits_sent_per_node": self.bits.tolist(), "failures": self.failures,
                "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}
         rio.write_json(self.out_path / "results.json", rio.jsonable(doc))
+        rio.write_csv(self.out_path / "history.csv", rows)

@@ -80,7 +80,7 @@ def test_flower_push_sum_matches_inprocess(transport, tmp_path):
     assert strat.history[-1]["bits_total"] == bits
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["status"] == "finished" and doc["backend"] == f"flower-{transport}" and len(doc["history"]) == 2
-    assert doc["history"][-1]["eval"]["norm"] == pytest.approx(float(avgs[-1].norm()))
+    assert doc["history"][-1]["norm"] == pytest.approx(float(avgs[-1].norm()))
     assert seen["result"].evaluate_metrics_serverapp[2]["norm"] == pytest.approx(float(avgs[-1].norm()))
     if transport == "ray":
         assert (tmp_path / "checkpoint.pt").exists()

@@ -237,9 +237,21 @@ REAL_CASES = [
     ("dp_csgp", dict(lr=0.1, batch_size=8, G=1.0, compressor="rand_0.5", gamma_c=0.5, **DP), "random_irregular", "logreg"),
     ("partpsp", dict(lr=0.1, batch_size=8, gamma_n=1e-3, b=5.0, sync_period=3), "exp_one_peer", "partpsp_mlp"),
 ]
+_G = dict(G=2.0, **DP)
+# the other registry algorithms (issue 5: every decentralized algorithm on Ray == in-process)
+REAL_CASES += [pytest.param(*c, marks=pytest.mark.slow, id=c[0]) for c in [
+    ("sgp", dict(lr=0.1, batch_size=8), "random_irregular", "logreg"),
+    ("privsgp_vr", dict(lr=0.05, batch_size=8, **_G), "random_irregular", "logreg"),
+    ("privsgp", dict(lr=0.05, batch_size=8, **_G), "random_irregular", "logreg"),
+    ("dp2_sgd", dict(lr=0.05, batch_size=8, **_G), "undirected_ring", "logreg"),
+    ("adp2_sgd", dict(lr=0.05, batch_size=8, **_G), "undirected_ring", "logreg"),
+    ("sgpdp", dict(lr=0.1, batch_size=8, gamma_n=1e-3, b=5.0, sync_period=3), "exp_one_peer", "partpsp_mlp"),
+    ("pedfl", dict(lr=0.1, batch_size=8, gamma_n=1e-3, b=5.0), "exp_one_peer", "partpsp_mlp"),
+]]
 
 
-@pytest.mark.parametrize("algorithm,params,topo_name,model", REAL_CASES, ids=[c[0] for c in REAL_CASES])
+@pytest.mark.parametrize("algorithm,params,topo_name,model", REAL_CASES,
+                         ids=[c[0] if isinstance(c, tuple) else c.id for c in REAL_CASES])
 def test_real_algorithms_bit_identical_on_ray(ray_local, algorithm, params, topo_name, model):
     """Dyn-D2P, DP-CSGP (rand_a) and PartPSP (reduce step): Ray hosts == in-process, every state tensor."""
     from flower_dp.clients import registry

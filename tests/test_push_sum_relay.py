@@ -89,10 +89,23 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("algorithm,params,model,topo", CASES, ids=[c[0] for c in CASES])
+G = dict(G=2.0, **DP)
+ALL_CASES = CASES + [
+    ("sgp", dict(lr=0.1, batch_size=8), "logreg", "random_irregular"),
+    ("privsgp_vr", dict(lr=0.05, batch_size=8, **G), "logreg", "random_irregular"),
+    ("privsgp", dict(lr=0.05, batch_size=8, **G), "logreg", "random_irregular"),
+    ("dp2_sgd", dict(lr=0.05, batch_size=8, **G), "logreg", "undirected_ring"),
+    ("adp2_sgd", dict(lr=0.05, batch_size=8, **G), "logreg", "undirected_ring"),
+    ("sgpdp", dict(lr=0.1, batch_size=8, gamma_n=1e-3, b=5.0, sync_period=3), "partpsp_mlp", "exp_one_peer"),
+    ("pedfl", dict(lr=0.1, batch_size=8, gamma_n=1e-3, b=5.0), "partpsp_mlp", "exp_one_peer"),
+]
+
+
+@pytest.mark.parametrize("algorithm,params,model,topo", ALL_CASES, ids=[c[0] for c in ALL_CASES])
 def test_relay_with_a_new_process_per_message_matches_inprocess(task_identity, tmp_path, algorithm, params, model,
                                                                   topo):
-    """Every node rebuilt from context.state at every message (PartPSP: between contribute and step too)."""
+    """Every registry algorithm; every node rebuilt from context.state at every message (DPPS family: between
+    contribute and step too)."""
     from flower_dp.strategies.push_sum import PushSumStrategy
 
     torch.set_num_threads(1)
@@ -132,6 +145,15 @@ def test_relay_resume_from_checkpoint_equals_uninterrupted(task_identity, tmp_pa
     rest = PushSumStrategy(N, {"algorithm": "partpsp"}, num_iters=K, iters_per_round=R, transport="relay",
                            out_dir=tmp_path / "cut", timeout_s=5, resume=True)
     rest.start(FakeGrid(N, lambda i, s, c: factory, fresh_process=False))  # new SuperNodes: nodes come from the file
+    # the results file has the in-process runner's layout
+    import json
+
+    doc = json.loads((tmp_path / "cut" / "results.json").read_text())
+    runner_keys = {"name", "status", "error", "config", "seed", "algorithm", "backend", "num_iters_requested",
+                   "num_iters", "history", "privacy", "bits_sent_per_node", "wall_time_s", "versions"}
+    assert runner_keys <= set(doc) and doc["status"] == "finished" and doc["backend"] == "flower-relay"
+    assert [row["k"] for row in doc["history"]] == [R, K] and "per_node" in doc["privacy"]
+    assert (tmp_path / "cut" / "history.csv").read_text().startswith("round,k,bits_total")
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "cut")
     assert a["history"] == b["history"] and a["bits"] == b["bits"]
     for sa, sb in zip(a["nodes"], b["nodes"]):

@@ -65,3 +65,21 @@ def test_nan_stops_the_run_with_results_saved(tmp_path):
         run_experiment(_cfg(lr=3e38, variant="nonprivate"), out_dir=tmp_path)
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["status"] == "failed" and doc["error"]
+
+
+def test_nan_mid_run_names_node_and_step_after_saving_the_segments_before(tmp_path, monkeypatch):
+    """Node 2's parameters turn NaN before k = 4: the run stops at k = 4 naming node 2; the k = 3 segment is saved."""
+    real = runner_mod.run_iteration
+
+    def poisoned(nodes, k, **kw):
+        if k == 4:
+            nodes[2].x[0] = float("nan")
+        return real(nodes, k, **kw)
+
+    monkeypatch.setattr(runner_mod, "run_iteration", poisoned)
+    with pytest.raises(NonFiniteError) as info:
+        run_experiment(_cfg(), out_dir=tmp_path)
+    assert (info.value.node, info.value.step) == (2, 4)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "failed" and "node 2 at k=4" in doc["error"]
+    assert [row["k"] for row in doc["history"]] == [3]
