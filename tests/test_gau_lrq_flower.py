@@ -175,8 +175,11 @@ def test_lrq_matches_gau_sgd_accuracy_at_a_quarter_of_the_bits(tmp_path, secret_
     assert stats.ttest_ind(lrq, gau).pvalue > 0.01 and abs(lrq.mean() - gau.mean()) < 0.05, (lrq, gau)
     assert lrq.mean() > 0.5  # it learns (chance = 0.1)
     bits = {s.method: s.results()["total_bits_algorithmic"] for s in strats[:2]}
+    payload = {s.method: sum(r["bytes_payload"] for r in s.rounds) for s in strats[:2]}
     carried = {s.method: s.results()["total_bytes_carried"] for s in strats[:2]}
-    assert bits["lrq"] <= bits["gaussian"] / 4 and carried["lrq"] <= carried["gaussian"] / 4, (bits, carried)
+    assert bits["lrq"] <= bits["gaussian"] / 4 and payload["lrq"] <= payload["gaussian"] / 4, (bits, payload)
+    # whole messages: metadata and metric records add ~1.5 kB per reply, a lot next to this 1,010-parameter model
+    assert carried["lrq"] < carried["gaussian"] / 2, carried
 
 
 @pytest.mark.flower

@@ -21,7 +21,10 @@ def make_strategy(rc: dict, *, secret_file: str, out_dir: str | None = None) -> 
     return GauLRQ(num_clients=int(rc["num-clients"]), clients_per_round=int(rc["clients-per-round"]),
                   clip=float(rc["clip"]), num_rounds=int(rc["num-rounds"]), epsilon=float(rc["epsilon"]),
                   delta=float(rc["delta"]), method=str(rc["method"]), tau=float(rc.get("tau", 1.0)),
-                  noise_multiplier=z if z > 0 else None, secret_file=secret_file, out_dir=out_dir)
+                  noise_multiplier=z if z > 0 else None, secret_file=secret_file, out_dir=out_dir,
+                  run_info={"dataset": str(rc.get("dataset", "fashion_mnist")), "model": "lenet",
+                            "local_steps": int(rc.get("local-steps", 16)), "lr": float(rc.get("lr", 0.01)),
+                            "seed": int(rc.get("seed", 0))})
 
 
 TRAIN_KEYS = ("dataset", "per-class", "local-steps", "lr", "seed")
