@@ -418,8 +418,9 @@ class GauLRQ(FedAvg):
                                   "checkpointed run; use the same secret file")
         self.rounds = list(ck["rounds"])
         self.initial_evaluate = ck.get("initial_evaluate")
-        arrays = ArrayRecord({n: _array(a) for n, a in zip(ck["names"], ck["arrays"])}) if self.rounds else initial_arrays
-        return arrays, len(self.rounds) + 1
+        if not self.rounds:
+            return initial_arrays, 1
+        return ArrayRecord({n: _array(a) for n, a in zip(ck["names"], ck["arrays"])}), len(self.rounds) + 1
 
     def _fill_result(self, result: Result) -> None:
         """Put the metrics of already completed rounds (from a checkpoint) into ``result``."""

@@ -60,8 +60,9 @@ def _strategy(**kw) -> GauLRQ:
 
 def _start(strategy: GauLRQ, app: ClientApp, rounds: int = 5, grid=None):
     with _task_identity():
-        return strategy.start(grid=grid or InProcessGrid(app, N), initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
-                              num_rounds=rounds, evaluate_fn=lambda r, a: MetricRecord({"accuracy": float(a["w"].numpy()[0])}))
+        return strategy.start(grid=grid or InProcessGrid(app, N), num_rounds=rounds,
+                              initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
+                              evaluate_fn=lambda r, a: MetricRecord({"accuracy": float(a["w"].numpy()[0])}))
 
 
 def test_failed_client_is_dropped_others_decode_and_the_round_is_still_charged():
@@ -90,7 +91,7 @@ def test_failed_client_is_dropped_others_decode_and_the_round_is_still_charged()
 
 
 def test_all_clients_failing_leaves_only_server_noise_and_user_metrics_aggregation_composes():
-    """Every sampled client fails in round 1: theta moves by pure noise N(0, sigma^2/B); FedAvg's metric options pass."""
+    """All sampled clients fail in round 1: theta moves by pure noise N(0, sigma^2/B); FedAvg's metric options pass."""
     seen = []
 
     def aggr(records, key):

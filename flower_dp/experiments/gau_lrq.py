@@ -114,7 +114,8 @@ def evaluate(model: torch.nn.Module, dataset: str, n: int) -> tuple[float, float
     model.eval()
     with torch.no_grad():
         out = model(ds.x[:n])
-        return float((out.argmax(1) == ds.y[:n]).float().mean()), float(torch.nn.functional.cross_entropy(out, ds.y[:n]))
+        acc = float((out.argmax(1) == ds.y[:n]).float().mean())
+        return acc, float(torch.nn.functional.cross_entropy(out, ds.y[:n]))
 
 
 def seed_for(seed: int, pid: int, rnd: int) -> int:
@@ -126,10 +127,11 @@ def train(msg: Message, context: Context) -> Message:
     """A Flower train function as a user writes it: Q local steps, reply with the new weights."""
     rc, pid = msg.content["config"], int(context.node_config["partition-id"])
     model = arrays_to_model(msg.content["arrays"], new_model(str(rc.get("model", "lenet"))))
-    x, y = client_data(str(rc.get("dataset", "fashion_mnist")), pid, int(rc.get("per-class", 50)), int(rc.get("seed", 0)))
+    seed = int(rc.get("seed", 0))
+    x, y = client_data(str(rc.get("dataset", "fashion_mnist")), pid, int(rc.get("per-class", 50)), seed)
     rnd = int(rc["server-round"])
     loss = local_train(model, x, y, steps=int(rc.get("local-steps", 16)), lr=float(rc.get("lr", 0.01)),
-                       seed=seed_for(int(rc.get("seed", 0)), pid, rnd))
+                       seed=seed_for(seed, pid, rnd))
     content = RecordDict({"arrays": model_to_arrays(model),
                           "metrics": MetricRecord({"num-examples": len(y), "train-loss": loss})})
     return Message(content=content, reply_to=msg)
@@ -177,8 +179,9 @@ class InProcessGrid:
     def __init__(self, client_app: ClientApp, num_clients: int, run_config: dict | None = None) -> None:
         self.app = client_app
         self.N = check_int("num_clients", num_clients, minimum=1)
-        self.contexts = {i + 1: Context(run_id=1, node_id=i + 1, node_config={"partition-id": i, "num-partitions": self.N},
-                                        state=RecordDict(), run_config=dict(run_config or {})) for i in range(self.N)}
+        self.contexts = {i + 1: Context(run_id=1, node_id=i + 1, state=RecordDict(), run_config=dict(run_config or {}),
+                                        node_config={"partition-id": i, "num-partitions": self.N})
+                         for i in range(self.N)}
 
     def get_node_ids(self) -> list[int]:
         return list(self.contexts)
@@ -382,7 +385,8 @@ def run_table(out_dir: str | os.PathLike, *, methods=SIX_METHODS, **kwargs) -> d
         r = run_gau_lrq(name, out_dir=out / name, **kwargs)
         rows.append({"algorithm": PAPER_TITLES[name], "method": name, "accuracy": r["final_accuracy"],
                      "rounds": r["rounds_completed"], "uplink_bits": r["total_bits_algorithmic"],
-                     "bits_per_coord": float(np.mean([x["bits_per_coord"] for x in r["rounds"]])) if r["rounds"] else None,
+                     "bits_per_coord": float(np.mean([x["bits_per_coord"] for x in r["rounds"]]))
+                     if r["rounds"] else None,
                      "uplink_MB_carried": r["total_bytes_carried"] / 1e6, "eps_rigorous": r["eps_rigorous"],
                      "eps_paper": r["eps_paper"], "eps_poisson_approx": r.get("eps_poisson_approx", float("inf")),
                      "z": (r["privacy"] or {}).get("z", [None])[0],
