@@ -1,0 +1,98 @@
+"""Run an experiment config as a Flower simulation on Ray (DESIGN.md backend 2), same results file.
+
+:func:`run_flower_experiment` is the Flower twin of :func:`flower_dp.experiments.run_experiment`:
+one SuperNode per push-sum node, one Flower round per segment of ``run.eval_every`` iterations,
+shares exchanged peer to peer between Ray host actors, the network-average model evaluated by the
+server after every round.  It writes ``results.json`` in the runner's layout (history rows with
+``k``, ``acc_avg``, ``test_loss_avg``, ``bits_total``; per-node privacy; ``config``; ``info``), so
+reports and sweeps treat both backends alike.  Same seed and config -> the same numbers on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import results as rio
+from .config import ExperimentConfig
+
+__all__ = ["run_flower_experiment"]
+
+
+def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hosts: int = 2,
+                          num_gpus_per_host: float = 0.0, timeout_s: float = 600.0,
+                          resume: bool | None = None) -> dict[str, Any]:
+    """Run ``cfg`` under ``flwr.simulation.run_simulation``; return the results document it wrote.
+
+    ``resume=None`` resumes when ``out_dir`` already holds a checkpoint of this config.
+    """
+    import torch
+    from flwr.app import Context
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.simulation import run_simulation
+
+    from ..clients.push_sum_app import make_client_app, spec_from_config
+    from ..data import load_dataset
+    from ..models import build_model
+    from ..strategies.push_sum import PushSumStrategy
+    from .runner import evaluate_params
+
+    out = rio.ensure_writable_dir(out_dir)
+    prev = _load(out / "results.json")
+    if resume is None:
+        resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
+    spec = spec_from_config(cfg)
+    plan = spec["plan"]
+    test = load_dataset(cfg.data["dataset"], train=False, root=cfg.data["root"])
+    m = int(cfg.data["test_samples"] or len(test.y))
+    x_test, y_test = test.x[:m], test.y[:m]
+    model = build_model(cfg.model["name"], num_classes=test.num_classes, seed=int(cfg.run["seed"]),
+                        **{k: v for k, v in cfg.model.items() if k != "name"})
+
+    def evaluate(rnd: int, avg: torch.Tensor) -> dict[str, float]:
+        acc, loss = evaluate_params(model, avg, x_test, y_test)
+        return {"acc_avg": acc, "test_loss_avg": loss}
+
+    seen: dict[str, Any] = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        strategy = PushSumStrategy(cfg.n_nodes, spec, num_iters=int(plan.num_iters),
+                                   iters_per_round=int(cfg.run["eval_every"]), transport="ray", evaluate_fn=evaluate,
+                                   out_dir=out, timeout_s=timeout_s, checkpoint=bool(cfg.run.get("checkpoint", True)),
+                                   run_name=str(cfg.run["name"]), resume=bool(resume),
+                                   backend_kwargs={"num_hosts": num_hosts, "num_gpus_per_host": num_gpus_per_host})
+        strategy.start(grid)
+        seen["strategy"] = strategy
+
+    t0 = time.perf_counter()
+    run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=cfg.n_nodes,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}})
+    doc = _load(out / "results.json")
+    if doc is None or "strategy" not in seen:
+        raise RuntimeError(f"the Flower simulation of {cfg.run['name']!r} ended without results in {str(out)!r}; "
+                           "see the Flower log above")
+    for row in doc.get("history", []):
+        row.update(row.pop("eval", {}) or {})
+    doc.update({
+        "config": cfg.to_dict(), "seed": cfg.run["seed"], "num_iters_requested": int(cfg.run["num_iters"]),
+        "info": {"dataset": test.name, "synthetic_data": bool(getattr(test, "synthetic", False)),
+                 "test_samples": m, "dim": int(plan.dim), "topology": cfg.topology["name"], "device": "cpu"},
+        "wall_time_s_with_startup": time.perf_counter() - t0,
+    })
+    if doc.get("status") == "finished" and int(plan.num_iters) < int(cfg.run["num_iters"]):
+        doc["status"] = "stopped_by_budget"
+    rio.write_json(out / "results.json", doc)
+    rio.write_csv(out / "history.csv", doc.get("history", []))
+    return doc
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None

@@ -1,0 +1,190 @@
+"""``flower-dp reproduce``: the engine (records, resume, seeds, report, plots) and each paper's smoke-scale claims."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from flower_dp.errors import ConfigError
+from flower_dp.reproduce import PAPERS, get_paper, reproduce
+from flower_dp.reproduce.core import Paper, RunSpec, group_records, run_sweep
+
+
+def _subset(paper: Paper, keep) -> Paper:
+    """The same paper with only the runs for which ``keep(spec)`` is true (keeps tests short)."""
+    return Paper(**{**paper.__dict__, "build_runs": lambda scale, table, seeds: [
+        s for s in paper.build_runs(scale, table, seeds) if keep(s)]})
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"paper": "nope"}, "unknown paper 'nope'"),
+    ({"paper": "dyn-d2p", "table": "table9"}, "unknown table"),
+    ({"paper": "dyn-d2p", "scale": "huge"}, "unknown scale 'huge'"),
+    ({"paper": "dyn-d2p", "backend": "mpi"}, "unknown backend 'mpi'"),
+    ({"paper": "dyn-d2p", "seeds": 0}, "seeds must be >= 1"),
+])
+def test_bad_arguments_are_clear_errors(kwargs, needle, tmp_path):
+    """Each bad argument names the value and the valid choices; nothing is written."""
+    paper = kwargs.pop("paper")
+    with pytest.raises(ConfigError, match=needle) as exc:
+        reproduce(paper, out=tmp_path / "out", **kwargs)
+    assert "valid" in str(exc.value) or ">=" in str(exc.value)
+    assert not (tmp_path / "out" / "records.json").exists()
+
+
+@pytest.mark.parametrize("name", sorted(PAPERS))
+@pytest.mark.parametrize("scale", ["smoke", "ci", "full"])
+def test_every_paper_builds_valid_unique_runs(name, scale, monkeypatch):
+    """Every table of every paper at every scale: unique run ids, configs the validators accept, seeds repeat labels."""
+    from flower_dp.clients.registry import param_names
+    from flower_dp.experiments import config_from_dict
+
+    paper = get_paper(name)
+    if name == "privsgp-vr":  # K* needs the data; its estimator is tested below
+        import flower_dp.reproduce.papers.privsgp_vr as mod
+        monkeypatch.setattr(mod, "k_star", lambda scale: (100.0, {}))
+    for table in paper.tables:
+        specs = paper.build_runs(scale, table, [0, 1])
+        ids = [s.run_id for s in specs]
+        assert len(ids) == len(set(ids)) and specs
+        for s in specs:
+            if s.kind == "pushsum":
+                cfg = config_from_dict(s.config)
+                assert set(cfg.algorithm["params"]) <= set(param_names(cfg.algorithm["name"]))
+                assert cfg.run["seed"] == s.seed
+        by_seed = {}
+        for s in specs:
+            by_seed.setdefault(s.seed, []).append(tuple(sorted(s.labels.items())))
+        assert by_seed[0] == by_seed[1], "each seed must run the same grid"
+
+
+def test_group_records_mean_and_spread():
+    """Records with equal labels are merged over seeds: mean, sample std and count."""
+    recs = [{"labels": {"a": "x"}, "final_acc": v, "seed": i} for i, v in enumerate([0.5, 0.7, 0.9])]
+    recs.append({"labels": {"a": "y"}, "final_acc": 0.1, "seed": 0})
+    gx = [g for g in group_records(recs) if g["a"] == "x"][0]
+    assert gx["final_acc"] == pytest.approx(0.7) and gx["final_acc_std"] == pytest.approx(0.2)
+    assert gx["n_seeds"] == 3
+    gy = [g for g in group_records(recs) if g["a"] == "y"][0]
+    assert gy["final_acc_std"] == 0.0 and gy["n_seeds"] == 1
+
+
+@pytest.mark.slow
+def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
+    """Smoke DP-CSGP: records, summary, plots, report; a second call reuses every finished run; an interrupted
+    sweep (one run's results removed, another's checkpoint left) runs only what is missing."""
+    import flower_dp.reproduce as rp
+
+    out = tmp_path / "csgp"
+    rep = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, command="flower-dp reproduce dp-csgp --scale smoke")
+    for f in ("records.json", "records.csv", "summary.csv", "report.md", "accuracy_vs_bits.png"):
+        assert (out / f).is_file(), f
+    assert (out / "accuracy_vs_bits.png").read_bytes()[:4] == b"\x89PNG"
+    doc = json.loads((out / "records.json").read_text())
+    assert len(doc["records"]) == 3 and doc["meta"]["scale"] == "smoke"
+    for r in doc["records"]:
+        assert r["status"] == "finished" and 0 <= r["final_acc"] <= 1 and r["history"]
+        assert r["eps_rigorous"] <= r["labels"]["eps"] * (1 + 1e-6)          # rigorous calibration meets the target
+        assert r["eps_paper"] < r["eps_rigorous"]                            # the paper's formula claims less
+    report = (out / "report.md").read_text()
+    assert "flower-dp reproduce dp-csgp --scale smoke" in report and "## Claims" in report
+    assert "eps rigorous" in report and "![accuracy_vs_bits.png](accuracy_vs_bits.png)" in report
+    claims = {c.name: c for c in rep.claims}
+    bits_claim = [c for n, c in claims.items() if "fewer bits" in n]
+    assert bits_claim and "0.50x" in bits_claim[0].detail                    # rand50 sends half the bits
+    assert claims["(ours) every run meets its target eps under the rigorous accountant"].passed
+
+    # nothing is re-run on a second call
+    calls = []
+    monkeypatch.setattr("flower_dp.experiments.run_experiment", lambda *a, **k: calls.append(a))
+    rep2 = rp.reproduce("dp-csgp", scale="smoke", out=out, seeds=1)
+    assert not calls and all(r["reused"] for r in rep2.records)
+    assert [r["final_acc"] for r in rep2.records] == [r["final_acc"] for r in rep.records]
+    monkeypatch.undo()
+
+    # interrupted sweep: one run never finished -> only it runs again, with the same numbers
+    victim = rep.records[1]["run_id"]
+    res = out / "runs" / victim / "results.json"
+    d = json.loads(res.read_text())
+    d["status"] = "running"
+    res.write_text(json.dumps(d))
+    rep3 = reproduce("dp-csgp", scale="smoke", out=out, seeds=1)
+    reused = {r["run_id"]: r["reused"] for r in rep3.records}
+    assert reused[victim] is False and sum(reused.values()) == 2
+    assert rep3.records[1]["final_acc"] == pytest.approx(rep.records[1]["final_acc"], abs=1e-12)
+
+
+@pytest.mark.slow
+def test_partpsp_smoke_estimated_sensitivity_covers_real(tmp_path):
+    """Fig. 2 claim at smoke scale: the eq. (22) estimate stays >= the real sensitivity every round."""
+    paper = _subset(get_paper("partpsp"), lambda s: s.labels["figure"] == "fig2")
+    recs = run_sweep(paper, paper.build_runs("smoke", "table2", [0]), tmp_path, log=lambda *_: None)
+    claims = paper.check_claims(recs, "table2", "smoke")
+    sens = [c for c in claims if "estimated sensitivity" in c.name]
+    assert len(sens) == 2 and all(c.passed for c in sens), [c.detail for c in sens]
+    for r in recs:
+        assert len(r["history"]) == 6 and all("sensitivity_real" in h for h in r["history"])
+
+
+@pytest.mark.slow
+def test_dyn_d2p_smoke_privacy_claims(tmp_path):
+    """At any scale: rigorous calibration meets the target; the paper's GDP/CLT schedule does not (reported)."""
+    paper = _subset(get_paper("dyn-d2p"), lambda s: s.labels.get("eps") == 3.0 and "dyn" in s.run_id
+                    and "dyn_" not in s.run_id)
+    recs = run_sweep(paper, paper.build_runs("smoke", "table2", [0]), tmp_path, log=lambda *_: None)
+    assert {r["labels"]["calibration"] for r in recs} == {"rigorous", "paper"}
+    claims = {c.name: c for c in paper.check_claims(recs, "table2", "smoke")}
+    assert claims["(ours) the rigorous calibration meets every target eps"].passed
+    pap = claims["the paper's GDP/CLT calibration delivers its target eps under a rigorous accountant"]
+    assert pap.passed is False                                              # the paper's claim, refuted
+    paper_run = [r for r in recs if r["labels"]["calibration"] == "paper"][0]
+    assert paper_run["eps_paper"] == pytest.approx(3.0, rel=1e-6) and paper_run["eps_rigorous"] > 3.3
+    lines, plots = paper.render(recs, "table2", "smoke", tmp_path)
+    assert "sigma_schedule.png" in plots and any("calibration = paper" in ln for ln in lines)
+
+
+@pytest.mark.slow
+def test_gau_lrq_smoke_bits_and_budget(tmp_path):
+    """Table IV at smoke scale: Gau-LRQ sends <= 1/4 of Gau-SGD's bits, both within the rigorous budget."""
+    paper = _subset(get_paper("gau-lrq"), lambda s: s.config["method"] in ("gau-lrq", "gau-sgd"))
+    recs = run_sweep(paper, paper.build_runs("smoke", "table4", [0]), tmp_path, log=lambda *_: None)
+    claims = {c.name: c for c in paper.check_claims(recs, "table4", "smoke")}
+    assert claims["Gau-LRQ needs far fewer uplink bits than Gau-SGD (<= 1/4)"].passed
+    assert claims["(ours) every private method stays within its rigorous budget"].passed
+    for r in recs:
+        assert r["eps_rigorous"] <= 3.0 * (1 + 1e-6) and r["eps_paper"] < r["eps_rigorous"]
+        assert r["history"][0]["k"] == 0 and r["history"][-1]["k"] == 3
+
+
+def test_privsgp_vr_kstar_constants_and_grid():
+    """The K* constants estimated at x0 are finite and positive; the Fig. 7 grid brackets K* (smoke data)."""
+    from flower_dp.privacy import paper as formulas
+    from flower_dp.reproduce.papers import privsgp_vr as mod
+
+    c = mod.estimate_kstar_constants("mlp_2layer", "fashion_mnist", 4, 600, hvp_samples=300, power_iters=8)
+    for key in ("F0", "L", "x0_sq", "b_sq", "A"):
+        assert math.isfinite(c[key]) and c[key] > 0, key
+    assert c["d"] == 101_770 and c["F0"] == pytest.approx(math.log(10), rel=0.1)  # ~uniform logits at init
+    K = formulas.k_star_privsgp_vr(1.0, 1e-5, J=600, n_nodes=4, A=c["A"], L=c["L"], d=c["d"], G=0.5, c2=mod.C2)
+    # homogeneous budgets: K* does not depend on n, scales like J^2 and eps^2 (spec 4.3)
+    K2 = formulas.k_star_privsgp_vr(2.0, 1e-5, J=1200, n_nodes=9, A=c["A"], L=c["L"], d=c["d"], G=0.5, c2=mod.C2)
+    assert K2 == pytest.approx(16 * K)
+    specs = mod.build_runs("smoke", "headline", [0])
+    Ks = sorted(s.labels["K"] for s in specs if s.labels["figure"] == "fig7")
+    assert len(Ks) >= 3 and Ks[0] < K < Ks[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_flower_backend_reproduces_inprocess_numbers(tmp_path):
+    """--backend flower (Flower simulation on Ray) gives the in-process run's numbers for the same spec."""
+    paper = _subset(get_paper("dp-csgp"), lambda s: s.labels["algorithm"] == "rand50")
+    specs = paper.build_runs("smoke", "fig1-2", [0])
+    ref = run_sweep(paper, specs, tmp_path / "inproc", log=lambda *_: None)
+    fl = run_sweep(paper, specs, tmp_path / "flower", backend="flower", log=lambda *_: None)
+    assert fl[0]["backend"] == "flower-ray" and ref[0]["backend"] == "inprocess"
+    for key in ("final_acc", "final_loss", "bits_total", "eps_rigorous"):
+        assert fl[0][key] == pytest.approx(ref[0][key], rel=1e-6, abs=1e-9), key
+    assert [h["k"] for h in fl[0]["history"]] == [h["k"] for h in ref[0]["history"]]
