@@ -1,20 +1,54 @@
-"""``flower-dp reproduce PAPER [--table N] [--scale smoke|ci|full] [--backend inprocess|flower] [--out DIR]``."""
+"""``flower-dp reproduce PAPER|all [--table N] [--scale smoke|ci|full] [--backend inprocess|flower] [--out DIR]``."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-__all__ = ["register"]
+__all__ = ["register", "write_index"]
+
+
+def write_index(out: Path, reps: list) -> Path:
+    """``out/README.md``: one line per reproduction (claims reproduced, time, link to its report)."""
+    from .. import results as rio
+
+    lines = ["# Reproductions", "",
+             "| paper | table | scale | runs | claims reproduced | wall time (min) | CPU time (min) | report |",
+             "|---|---|---|---|---|---|---|---|"]
+    for rep in reps:
+        n_ok = sum(1 for c in rep.claims if c.passed)
+        n_chk = sum(1 for c in rep.claims if c.passed is not None)
+        wall = sum(float(r.get("wall_time_s") or 0) for r in rep.records) / 60
+        cpu = sum(float(r.get("cpu_time_s") or 0) for r in rep.records if r.get("cpu_time_s") == r.get("cpu_time_s")) / 60
+        rel = rep.report_path.relative_to(out) if rep.report_path.is_relative_to(out) else rep.report_path
+        lines.append(f"| {rep.paper} | {rep.table} | {rep.scale} | {len(rep.records)} | {n_ok}/{n_chk} | {wall:.1f} | "
+                     f"{cpu:.1f} | [{rel}]({rel}) |")
+    lines += ["", "Wall and CPU time are sums over the runs (each run's own timer; CPU time of the driver process).",
+              "Every report lists its claims one by one, with our numbers, the rigorous eps, and why numbers differ.", ""]
+    path = out / "README.md"
+    rio.atomic_write_bytes(path, "\n".join(lines).encode())
+    return path
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from . import reproduce
+    from . import PAPERS, reproduce
 
-    rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
-                    seeds=args.seeds)
-    failed = [c for c in rep.claims if c.passed is False]
-    print(f"{len(rep.claims) - len(failed)}/{len(rep.claims)} claims reproduced or not checkable; "
-          f"{len(failed)} not reproduced (see the report for why)")
+    if args.paper == "all":
+        if args.table:
+            raise ValueError(f"--table {args.table!r} needs one paper, got 'all'; drop --table or name a paper")
+        base = Path(args.out or Path("runs") / "reproduce" / args.scale)
+        reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
+                          command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
+                                  f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else ""))
+                for p in PAPERS]
+        print(f"index: {write_index(base, reps)}")
+    else:
+        reps = [reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
+                          seeds=args.seeds)]
+    for rep in reps:
+        failed = [c for c in rep.claims if c.passed is False]
+        print(f"{rep.paper}: {len(rep.claims) - len(failed)}/{len(rep.claims)} claims reproduced or not checkable; "
+              f"{len(failed)} not reproduced (see {rep.report_path})")
     return 0
 
 
@@ -26,9 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="reproduce a paper's headline experiment and write a report beside the paper's table",
         description="Run a paper's headline experiment at a chosen scale (smoke: tests; ci: minutes on 2 CPU "
                     "cores; full: the paper's setting), resuming any finished or interrupted runs in --out, "
-                    "then write records (JSON/CSV), plots (PNG) and report.md.",
+                    "then write records (JSON/CSV), plots (PNG) and report.md.  'all' runs the five papers' "
+                    "headline tables into --out/<paper>/ and writes --out/README.md.",
     )
-    p.add_argument("paper", choices=sorted(PAPERS), help="which paper")
+    p.add_argument("paper", choices=sorted(PAPERS) + ["all"], help="which paper (or all)")
     p.add_argument("--table", default=None, help="which table/figure (default: the headline one)")
     p.add_argument("--scale", default="ci", choices=["smoke", "ci", "full"])
     p.add_argument("--backend", default="inprocess", choices=["inprocess", "flower"],
