@@ -233,4 +233,5 @@ PAPER = Paper(
     check_claims=check_claims,
     render=render,
     differences=differences,
+    default_seeds={"smoke": 1, "ci": 2, "full": 3},
 )
