@@ -43,7 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_absl() -> None:
+    """dp-accounting's RDP code logs every order it drops through absl; the eps stays an upper bound."""
+    try:
+        from absl import logging as absl_logging
+    except ImportError:  # pragma: no cover
+        return
+    absl_logging.set_verbosity(absl_logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_absl()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
