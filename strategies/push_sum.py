@@ -201,6 +201,13 @@ class PushSumStrategy(Strategy):
             # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when
             # loaded); a second ray.init from here would crash Flower's, so wait for it, unless a cluster is named.
             wait = 0.0 if self.backend_kwargs.get("address") else 120.0
+            if wait:
+                import ray
+
+                deadline = time.monotonic() + wait
+                while not ray.is_initialized() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.timings.setdefault("wait_for_ray_s", time.perf_counter() - t)  # Flower starting Ray
             kw = {"timeout_s": self.timeout_s, "wait_for_ray_s": wait, **self.backend_kwargs}
             self.backend = RayGossipBackend(self.n_nodes, **kw)
             self.spec["_ray"] = {"name": self.backend.name, "namespace": self.backend.namespace,
@@ -298,7 +305,8 @@ class PushSumStrategy(Strategy):
         self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + seg.wall_time_s
         self.bits += seg.bits_sent
         avg = be.network_average()
-        self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
+        if k1 >= self.num_iters or self.out_path is not None:  # rigorous eps of every ledger: not free, so only when written
+            self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
         keep = (self.checkpoint and self.out_path is not None) or self.max_retries > 0
         states = be.state_dicts() if keep else None
         self._finish_segment(rnd, k1, seg.metric_means(), avg, states)
