@@ -98,6 +98,10 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
     if unknown:
         raise ValueError(f"unknown benchmark(s) {unknown}; valid choices are {list(BENCHMARKS)}")
     t0 = time.perf_counter()
+    try:
+        load_start = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load_start = None
     details: dict = {}
     for name in BENCHMARKS:
         if name not in chosen:
@@ -117,7 +121,8 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "wire_ratio": _get(details, "wire", "ratio"),
         "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
         "max_nodes_inprocess_mlp": _get(details, "scale", "max_nodes_inprocess_mlp"),
-        "machine": machine_info(),
+        "machine": machine_info(),  # its load average is at the end of the run; load_avg_start below
+        "load_avg_start": load_start,
         "versions": versions(),
         "threads": {"torch_intra_op": torch.get_num_threads(), "torch_inter_op": torch.get_num_interop_threads(),
                     "cpu_count": os.cpu_count()},

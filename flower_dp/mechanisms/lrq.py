@@ -36,7 +36,8 @@ coordinates of a clipped update are far below sigma, so ``m = 0`` there; the enc
 with a cheap bound (no transcendental function) and evaluates Eq. 11 only on the undecided
 coordinates (:func:`_undecided`); the decoder evaluates Eq. 12's ``m w`` only where ``m != 0``
 (``0 * w + x == x`` exactly).  A block with many undecided / nonzero coordinates is computed
-densely.  Either way every coordinate gets exactly what the dense formula gives.
+densely (and the encoder then skips the test for the next few blocks).  Either way every
+coordinate gets exactly what the dense formula gives.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ DEFAULT_CHUNK = 1 << 20
 _BLOCK = 1 << 14  # inner block (L2-sized buffers); affects neither the stream nor the result
 #: Above this fraction of undecided (encode) / nonzero (decode) coordinates a block is computed densely.
 _DENSE_FRACTION = 0.125
+_DENSE_RUN = 7  # after a dense block the encoder computes this many blocks densely without testing
 _VERSION = 1
 _DTYPES = ("float64", "float32")
 _INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
@@ -374,13 +376,19 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
     fb = tuple(np.empty(blk, dtype=dtype) for _ in range(5))
     mask = np.empty(blk, dtype=bool)
     sparse: list[tuple[np.ndarray, ...]] = []  # undecided coordinates of sparse blocks: (positions, z, v)
+    dense_run = 0
     for pos, zs, rs, vs in _stream_blocks(_stream_entropy(kb), d, chunk_size, dtype, blk):
         k = zs.size
         ub = u[pos : pos + k]
-        abs_s = np.abs(ub, out=fb[4][:k], casting="same_kind")
-        abs_s *= inv_sigma  # |u|/sigma
-        idx = np.flatnonzero(_undecided(zs, rs, abs_s, (fb[0][:k], fb[1][:k]), mask[:k]))
-        if idx.size > _DENSE_FRACTION * k:
+        if dense_run:  # the last tested block was dense: skip the (then wasted) test for a few blocks
+            dense_run -= 1
+            idx = None
+        else:
+            abs_s = np.abs(ub, out=fb[4][:k], casting="same_kind")
+            abs_s *= inv_sigma  # |u|/sigma
+            idx = np.flatnonzero(_undecided(zs, rs, abs_s, (fb[0][:k], fb[1][:k]), mask[:k]))
+        if idx is None or idx.size > _DENSE_FRACTION * k:
+            dense_run = _DENSE_RUN if idx is not None else dense_run
             s = np.multiply(ub, inv_sigma, out=fb[4][:k], casting="same_kind")  # u/sigma
             _floor_t(zs, vs, s, m[pos : pos + k], (fb[0][:k], fb[1][:k], fb[2][:k], fb[3][:k]))
         elif idx.size:  # the rest of the block stays m = 0; the few undecided ones are done together below
