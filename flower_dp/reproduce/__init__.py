@@ -14,6 +14,7 @@ under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep 
 from __future__ import annotations
 
 import importlib
+import os
 import shlex
 import sys
 import time
@@ -92,6 +93,9 @@ def reproduce(
     n_seeds = p.default_seeds.get(scale, 1) if seeds is None else int(seeds)
     if n_seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds!r}; pass --seeds 1 or more")
+    # One torch thread per run unless FLOWER_DP_THREADS says otherwise: measured here, two OpenMP threads on a
+    # busy 2-core machine made a DP-CSGP iteration 9x slower than one thread (spin-waiting threads).
+    os.environ.setdefault("FLOWER_DP_THREADS", "1")
     out_path = Path(out) if out is not None else Path("runs") / "reproduce" / f"{paper}-{table}-{scale}"
     out_path = rio.ensure_writable_dir(out_path)
     specs = p.build_runs(scale, table, list(range(n_seeds)))
@@ -99,7 +103,7 @@ def reproduce(
                       if sys.argv and sys.argv[0].endswith("flower-dp") else
                       f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
                       f"--seeds {n_seeds} --out {out_path}")
-    meta = {"paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
+    meta = {"threads": int(os.environ["FLOWER_DP_THREADS"]), "paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
             "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions()}
     log(f"reproduce {paper} ({p.tables[table]}), scale {scale}, backend {backend}, {len(specs)} runs "
         f"({n_seeds} seed(s)) -> {out_path}")
@@ -141,7 +145,7 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "",
         f"Time: the runs took {compute / 60:.1f} min of wall time and {meta['cpu_time_s'] / 60:.1f} min of CPU time "
         f"in the driver process (sum over runs; this invocation: {meta['sweep_wall_time_s'] / 60:.1f} min, "
-        f"finished runs are reused). Machine: {meta['machine']}. "
+        f"finished runs are reused; {meta['threads']} torch thread(s) per run). Machine: {meta['machine']}. "
         f"Versions: torch {meta['versions'].get('torch')}, flwr {meta['versions'].get('flwr')}, "
         f"dp-accounting {meta['versions'].get('dp-accounting')}.",
         "",

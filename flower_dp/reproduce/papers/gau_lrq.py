@@ -60,7 +60,13 @@ def build_runs(scale: str, table: str, seeds: list[int]) -> list[RunSpec]:
 
 def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     """Run (or reuse, or resume) one Gau-LRQ experiment and return a results document in the runner's shape."""
+    import os
+
+    import torch
+
     from flower_dp.experiments.gau_lrq import ensure_secret_file, run_gau_lrq
+
+    torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
 
     done_path = run_dir / "reproduce_doc.json"
     if done_path.is_file():
