@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core import RunSpec, acc_pm, fmt, group_records
 
-__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs"]
+__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style"]
 
 
 def slug(*parts: Any) -> str:
@@ -104,3 +104,14 @@ def plot_acc_vs(ax, groups, *, x: str, series_key: str, title: str = "", xlabel:
         ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def style(ax, *, xlabel: str, ylabel: str = "final test accuracy", title: str = "", legend: bool = True) -> None:
+    """Labels, a light grid and a small legend: the look every reproduction plot shares."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=7)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Claim, Paper, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, plot_curves, pushsum_spec
+from ._common import md_table, plot_curves, pushsum_spec, style
 
 #: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are the spec's stability decisions (8.1)
 COMPRESSORS: dict[str, tuple[str, float]] = {
@@ -128,11 +128,7 @@ def render(records, table: str, scale: str, out: Path):
             gs = sorted([g for g in groups if g["algorithm"] == label], key=lambda g: g["eps"])
             axes[0].errorbar([g["eps_rigorous"] for g in gs], [g["final_acc"] for g in gs],
                              yerr=[g["final_acc_std"] for g in gs], marker="o", capsize=3, label=label)
-        axes[0].set_xlabel("rigorous eps")
-        axes[0].set_ylabel("final test accuracy")
-        axes[0].set_title("accuracy vs eps", fontsize=9)
-        axes[0].grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
+        style(axes[0], xlabel="rigorous eps", title="accuracy vs eps")
         plots.append(savefig(fig, out, "accuracy_vs_eps.png"))
     return lines, plots
 

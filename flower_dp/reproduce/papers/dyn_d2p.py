@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Claim, Paper, acc_pm, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec
+from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, style
 
 ALGS = [("Non-private", "nonprivate"), ("Const-D2P", "const"), ("Dyn[mu]-D2P", "dyn_mu"),
         ("Dyn[C]-D2P", "dyn_c"), ("Dyn-D2P", "dyn")]
@@ -129,12 +129,8 @@ def _schedule_plot(out: Path, table: str, scale: str) -> str | None:
         std = sch.nu * sch.clip
         axes[0].plot(std, label=_label(v))
         axes[1].plot(sch.clip, label=_label(v))
-    axes[0].set_title(f"noise std on the sum sigma_k (eps {eps:g}, rigorous)", fontsize=9)
-    axes[1].set_title("clip bound C_k", fontsize=9)
-    for ax in axes:
-        ax.set_xlabel("iteration k")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    style(axes[0], xlabel="iteration k", ylabel="sigma_k", title=f"noise std on the sum sigma_k (eps {eps:g}, rigorous)")
+    style(axes[1], xlabel="iteration k", ylabel="C_k", title="clip bound C_k")
     return savefig(fig, out, "sigma_schedule.png")
 
 

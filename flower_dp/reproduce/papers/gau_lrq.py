@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import core
 from ..core import Claim, Paper, RunSpec, acc_pm, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, slug
+from ._common import md_table, slug, style
 
 PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB"), "QG-SGD": (0.9579, "36 MB"),
                   "BQ-SGD": (0.4513, "36 MB"), "Gau-LRQ-SGD": (0.9642, "36 MB"),
@@ -190,14 +190,9 @@ def render(records, table: str, scale: str, out: Path):
             axes[0].plot(xs, ys, marker="o", ms=3, label=label)
             bx, by = core.curve(r, "acc_avg", "bits_total")
             axes[1].plot([max(b, 1.0) for b in bx], by, marker="o", ms=3, label=label)
-        axes[0].set_xlabel("round")
-        axes[1].set_xlabel("uplink bits (all clients)")
         axes[1].set_xscale("log")
-        for ax, t in zip(axes, ("accuracy vs round", "accuracy vs bits")):
-            ax.set_ylabel("test accuracy")
-            ax.set_title(t + " (seed 0)", fontsize=9)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+        style(axes[0], xlabel="round", ylabel="test accuracy", title="accuracy vs round (seed 0)")
+        style(axes[1], xlabel="uplink bits (all clients)", ylabel="test accuracy", title="accuracy vs bits (seed 0)")
         plots.append(savefig(fig, out, "accuracy_vs_bits.png"))
         dyn = [r for r in records if r["labels"]["algorithm"] in ("Dynamic Gau-LRQ-SGD", "Gau-LRQ-SGD")]
         zs = []
@@ -213,11 +208,8 @@ def render(records, table: str, scale: str, out: Path):
                     continue
                 seen.add(label)
                 axes[0].plot(range(1, len(z) + 1), z, marker="o", ms=3, label=label)
-            axes[0].set_xlabel("round k")
-            axes[0].set_ylabel("noise multiplier z_k (std on the sum / S2)")
-            axes[0].set_title("noise schedule (Dynamic: decreasing sigma_k)", fontsize=9)
-            axes[0].grid(alpha=0.3)
-            axes[0].legend(fontsize=7)
+            style(axes[0], xlabel="round k", ylabel="noise multiplier z_k (std on the sum / S2)",
+                  title="noise schedule (Dynamic: decreasing sigma_k)")
             plots.append(savefig(fig, out, "sigma_schedule.png"))
     else:
         lines += [f"## Table III analogue: B = {s['B']}, eps = {s['t3_eps']:g}, varying N", ""]
@@ -229,9 +221,7 @@ def render(records, table: str, scale: str, out: Path):
         core_groups = sorted(groups, key=lambda g: g["N"])
         axes[0].errorbar([g["N"] for g in core_groups], [g["final_acc"] for g in core_groups],
                          yerr=[g["final_acc_std"] for g in core_groups], marker="o", capsize=3)
-        axes[0].set_xlabel("clients N")
-        axes[0].set_ylabel("final test accuracy")
-        axes[0].grid(alpha=0.3)
+        style(axes[0], xlabel="clients N", legend=False)
         plots.append(savefig(fig, out, "accuracy_vs_clients.png"))
     return lines, plots
 

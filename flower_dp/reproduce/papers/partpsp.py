@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Claim, Paper, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, ordering_claim_detail, plot_curves, pushsum_spec
+from ._common import md_table, ordering_claim_detail, plot_curves, pushsum_spec, style
 
 PAPER_T2_MLP = {  # Table 2, MNIST/MLP, columns EXP / 4-Out / 6-Out / 8-Out, b = 3 and NoDP
     "PartPSP-1": {"b3": [48.08, 63.51, 80.12, 88.87], "NoDP": [89.66, 89.71, 89.74, 89.75]},
@@ -155,11 +155,7 @@ def render(records, table: str, scale: str, out: Path):
             _, real = curve(r, "sensitivity_real")
             ax.plot(ks, real, label="real (max pairwise L1)")
             ax.plot(ks, est, label="estimated (eq. 22)", ls="--")
-            ax.set_title(f"{r['labels']['algorithm']} (seed {r['seed']})", fontsize=9)
-            ax.set_xlabel("round")
-            ax.set_ylabel("sensitivity")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
+            style(ax, xlabel="round", ylabel="sensitivity", title=f"{r['labels']['algorithm']} (seed {r['seed']})")
         plots.append(savefig(fig, out, "sensitivity_est_vs_real.png"))
     return lines, plots
 
