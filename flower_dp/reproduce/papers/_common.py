@@ -7,7 +7,7 @@ from typing import Any
 
 from ..core import RunSpec, acc_pm, fmt, group_records
 
-__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style"]
+__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style", "logx"]
 
 
 def slug(*parts: Any) -> str:
@@ -115,3 +115,11 @@ def style(ax, *, xlabel: str, ylabel: str = "final test accuracy", title: str = 
     ax.grid(alpha=0.3)
     if legend:
         ax.legend(fontsize=7)
+
+
+def logx(ax) -> None:
+    """Log-scaled x axis without the crowded minor tick labels."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Claim, Paper, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, plot_curves, pushsum_spec, style
+from ._common import md_table, plot_curves, pushsum_spec, style, logx
 
 #: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are the spec's stability decisions (8.1)
 COMPRESSORS: dict[str, tuple[str, float]] = {
@@ -119,7 +119,7 @@ def render(records, table: str, scale: str, out: Path):
     for eps in s["eps"]:
         recs = [r for r in records if r["labels"]["eps"] == eps]
         plot_curves(axes[0], recs, label_key="algorithm", x="bits_total", title=f"accuracy vs bits sent, eps {eps:g}")
-        axes[0].set_xscale("log")
+        logx(axes[0])
         plot_curves(axes[1], recs, label_key="algorithm", title=f"accuracy vs iteration, eps {eps:g}")
     plots.append(savefig(fig, out, "accuracy_vs_bits.png"))
     if s["tradeoff"]:

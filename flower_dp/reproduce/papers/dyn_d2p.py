@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import Claim, Paper, acc_pm, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, style
+from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, style, logx
 
 ALGS = [("Non-private", "nonprivate"), ("Const-D2P", "const"), ("Dyn[mu]-D2P", "dyn_mu"),
         ("Dyn[C]-D2P", "dyn_c"), ("Dyn-D2P", "dyn")]
@@ -176,7 +176,11 @@ def render(records, table: str, scale: str, out: Path):
         gs = [dict(g, eps_x=g["eps_rigorous"]) for g in groups if g["calibration"] == cal]
         plot_acc_vs(ax, gs, x="eps_x", series_key="algorithm", xlabel="rigorous eps (PLD) of the noise added",
                     title=f"accuracy vs eps ({cal} calibration)")
-        ax.set_xscale("log")
+        nonpriv = pick(groups, algorithm="Non-private")
+        if nonpriv is not None:
+            ax.axhline(nonpriv["final_acc"], ls=":", color="gray", label="non-private")
+            ax.legend(fontsize=7)
+        logx(ax)
     plots.append(savefig(fig, out, "accuracy_vs_eps.png"))
     sched = _schedule_plot(out, table, scale)
     if sched:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import core
 from ..core import Claim, Paper, RunSpec, acc_pm, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, slug, style
+from ._common import md_table, slug, style, logx
 
 PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB"), "QG-SGD": (0.9579, "36 MB"),
                   "BQ-SGD": (0.4513, "36 MB"), "Gau-LRQ-SGD": (0.9642, "36 MB"),
@@ -190,7 +190,7 @@ def render(records, table: str, scale: str, out: Path):
             axes[0].plot(xs, ys, marker="o", ms=3, label=label)
             bx, by = core.curve(r, "acc_avg", "bits_total")
             axes[1].plot([max(b, 1.0) for b in bx], by, marker="o", ms=3, label=label)
-        axes[1].set_xscale("log")
+        logx(axes[1])
         style(axes[0], xlabel="round", ylabel="test accuracy", title="accuracy vs round (seed 0)")
         style(axes[1], xlabel="uplink bits (all clients)", ylabel="test accuracy", title="accuracy vs bits (seed 0)")
         plots.append(savefig(fig, out, "accuracy_vs_bits.png"))

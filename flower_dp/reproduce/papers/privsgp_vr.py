@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..core import Claim, Paper, acc_pm, fmt, group_records, new_axes, pick, savefig
-from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec
+from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, logx
 
 C2 = 0.3724
 K_RATIOS = (125 / 575, 270 / 575, 1.0, 1200 / 575, 2075 / 575)  # the paper's MNIST grid around K* = 575
@@ -189,7 +189,7 @@ def render(records, table: str, scale: str, out: Path):
         plot_acc_vs(axes[0], [dict(g, series="PrivSGP-VR (eq. 11 sigma)") for g in fig7], x="K", series_key="series",
                     xlabel="iterations K", title=f"accuracy vs K; K* = {K_star:.0f} (dashed)")
         axes[0].axvline(K_star, ls="--", color="gray")
-        axes[0].set_xscale("log")
+        logx(axes[0])
         plot_curves(axes[1], [r for r in records if r["labels"]["figure"] == "fig9"], label_key="algorithm",
                     title="VR vs no VR, equal noise")
         plots.append(savefig(fig, out, "accuracy_vs_K.png"))
