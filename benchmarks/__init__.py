@@ -157,7 +157,8 @@ def format_table(doc: dict) -> str:
     eo = _get(doc, "details", "engine_overhead") or {}
     rows.append(("engine overhead flower/inproc", _fmt(doc["engine_overhead_ratio"]),
                  eo.get("note") or f"Flower segment {eo.get('flower_segment_s')} s (start-up {eo.get('flower_startup_s')} s), "
-                 f"host actors alone {eo.get('ray_backend_segment_s')} s, in-process {eo.get('inprocess_s')} s"))
+                 f"host actors alone {eo.get('ray_backend_segment_s')} s, in-process {eo.get('inprocess_s')} s "
+                 f"(min of {len(eo.get('flower_rounds_s') or [])} interleaved; median ratio {eo.get('median_ratio')})"))
     ac = _get(doc, "details", "accounting") or {}
     rows.append((f"accounting {ac.get('steps')} steps (s)", _fmt(ac.get("seconds_bucketed")), ac.get("note", "")))
     rows.append(("accounting eps rel diff", _fmt(doc["accounting_eps_rel_diff"]),

@@ -6,9 +6,11 @@ round = one segment, its register messages to the n ClientApps, the segment on t
 actors, the network average) / the same segment in-process (:func:`flower_dp.gossip.run_iterations`).
 n = 16 Dyn-D2P nodes (exp topology) with the shallow CNN, one epoch of each node's data
 (synthetic Fashion-MNIST-shaped tensors: timing only); both sides build their nodes with the
-ClientApp's ``model_builder`` and warm up with the same first round.  Flower's fixed start-up
-(Ray, SuperNodes, host actors, node build, the warm-up round) is reported separately, and so
-is the host-actor engine without Flower (``ray_backend_*``).
+ClientApp's ``model_builder`` and warm up with the same first epoch; 3 Flower rounds and 3
+in-process segments alternate in time (the in-process one runs in the server's ``evaluate_fn``
+between rounds), and the figure is the ratio of their minima.  Flower's fixed start-up (Ray,
+SuperNodes, host actors, node build, the warm-up round) is reported separately, and so is the
+host-actor engine without Flower (``ray_backend_*``, not interleaved).
 
 Scale: node-iterations per second and resident memory per node for n = 256 two-layer nets
 in-process, and the Ray backend at n = 8 / 32 / 64 shallow CNNs.
@@ -20,6 +22,7 @@ import functools
 import os
 import time
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -105,12 +108,16 @@ def _spec_node(node_id: int, device: str = "cpu", *, spec: dict, J: int):
     return model_builder(_shallow_cnn, functools.partial(_synthetic_data, J))(node_id, spec)(node_id, device)
 
 
-def _flower_segment(n: int, spec: dict, J: int, iters: int) -> dict:
-    """Two Flower rounds of ``iters`` iterations (PushSumStrategy on the Ray host actors, run_simulation).
+def _flower_interleaved(n: int, spec: dict, J: int, iters: int, rounds: int, inprocess_nodes: list, threads: int) -> dict:
+    """Flower rounds of ``iters`` iterations, each followed by the same segment in-process.
 
-    Round 1 warms up (as in-process); round 2 is the measured segment: from the end of round 1 to
-    the end of round 2, i.e. Flower's register messages to the n ClientApps, the segment on the
-    host actors, the network average and the per-node reports.
+    ``run_simulation`` of :class:`PushSumStrategy` (Ray host actors, one round = one segment);
+    round 1 warms up.  At the end of every round the server's ``evaluate_fn`` (which Flower calls
+    while the host actors wait) steps ``inprocess_nodes`` (already warmed up, k = 0..iters-1)
+    through their next segment.  So Flower rounds 2..rounds+1 and in-process segments alternate in
+    time and see the same machine load.  A Flower round is timed from the end of the in-process
+    segment before it to the end of its own segment (its register messages to the n ClientApps,
+    the segment on the host actors, the network average, the per-node reports).
     """
     import ray
     from flwr.app import Context
@@ -118,6 +125,7 @@ def _flower_segment(n: int, spec: dict, J: int, iters: int) -> dict:
     from flwr.simulation import run_simulation
 
     from flower_dp.clients.push_sum_app import make_client_app, model_builder
+    from flower_dp.gossip import run_iterations
     from flower_dp.strategies.push_sum import PushSumStrategy
 
     from . import engine as this
@@ -125,20 +133,34 @@ def _flower_segment(n: int, spec: dict, J: int, iters: int) -> dict:
     ray.cloudpickle.register_pickle_by_value(this)  # Flower's workers and the hosts need not import benchmarks
     if ray.is_initialized():
         ray.shutdown()  # run_simulation starts its own Ray
-    seen: dict = {}
+    seen: dict = {"flower": [], "inprocess": []}
 
     def evaluate(rnd, avg):
-        seen[f"end_{rnd}"] = time.perf_counter()
+        t_end = time.perf_counter()
+        if rnd >= 2:
+            seen["flower"].append(t_end - seen["resume"])
+        else:
+            seen["end_1"] = t_end
         if rnd == 2:
             impl = seen["strategy"].backend.call("__getattribute__", None, "_clip_impl")
             seen["clip_impl"] = sorted({f.__name__ for f in impl.values()})
+        if rnd <= rounds:
+            before = torch.get_num_threads()
+            torch.set_num_threads(threads)
+            try:
+                t0 = time.perf_counter()
+                run_iterations(inprocess_nodes, rnd * iters, (rnd + 1) * iters)
+                seen["inprocess"].append(time.perf_counter() - t0)
+            finally:
+                torch.set_num_threads(before)
+        seen["resume"] = time.perf_counter()
         return None
 
     server = ServerApp()
 
     @server.main()
     def main(grid: Grid, context: Context) -> None:
-        strat = PushSumStrategy(n, spec, num_iters=2 * iters, iters_per_round=iters, transport="ray",
+        strat = PushSumStrategy(n, spec, num_iters=(rounds + 1) * iters, iters_per_round=iters, transport="ray",
                                 evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=600,
                                 backend_kwargs={"num_hosts": 2})
         seen["strategy"] = strat
@@ -148,14 +170,14 @@ def _flower_segment(n: int, spec: dict, J: int, iters: int) -> dict:
     run_simulation(server_app=server, client_app=make_client_app(model_builder(_shallow_cnn, functools.partial(
         _synthetic_data, J))), num_supernodes=n, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
     t_end = time.perf_counter()
-    if "end_2" not in seen:
-        raise RuntimeError("the Flower run did not finish its two rounds (see the log above)")
+    if len(seen["flower"]) < rounds:
+        raise RuntimeError(f"the Flower run finished {len(seen['flower'])} of {rounds} timed rounds (see the log above)")
     tim = seen["strategy"].timings
-    return {"flower_segment_s": round(seen["end_2"] - seen["end_1"], 3),
+    return {"flower_rounds_s": [round(t, 3) for t in seen["flower"]],
+            "inprocess_segments_s": [round(t, 3) for t in seen["inprocess"]],
             "flower_startup_s": round(seen["end_1"] - t0, 2),  # Ray, SuperNodes, host actors, node build, round 1
             "flower_total_s": round(t_end - t0, 2),
             "flower_backend_start_s": round(tim.get("backend_start_s", float("nan")), 2),
-            "flower_gossip_s_both_rounds": round(tim.get("gossip_s", float("nan")), 3),
             "clip_impl_flower": seen.get("clip_impl")}
 
 
@@ -163,55 +185,56 @@ def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
     """Flower-on-Ray segment / in-process segment, n = 16 (4 quick) shallow CNN Dyn-D2P nodes, one epoch.
 
     Both use the whole machine as well as they can: Flower runs the nodes on 2 host actors of 1
-    thread; the in-process segment is timed with 1 thread and with ``torch.set_num_threads(cpu
-    count)`` and the faster one is the yardstick (intra-op threads lose on a loaded machine).
-    The nodes are built by the same ``model_builder`` the Flower ClientApps use, so both sides
-    run identical nodes (the clipping path they use is reported: ghost norms on both).
+    thread; in-process, 1 thread and ``torch.set_num_threads(cpu count)`` are tried on one
+    iteration and the faster is used (intra-op threads lose badly on a loaded machine).  The
+    nodes are built by the same ``model_builder`` the Flower ClientApps use, so both sides run
+    identical nodes (the clipping path each side uses is reported: ghost norms on both).  Flower
+    rounds and in-process segments alternate (:func:`_flower_interleaved`); the figure is the
+    ratio of the minima (medians beside it).
     """
     try:
         from flower_dp.clients.push_sum_app import plan_spec
+        from flower_dp.gossip import run_iterations
     except ImportError as exc:
         return missing("flower_dp.clients.push_sum_app (the algorithms)", exc)
     n, J, batch = (4, 32, 16) if quick else (16, 128, 32)
     iters = J // batch  # one epoch of each node's data (expected batch B, Poisson rate B/J)
+    rounds = 2 if quick else 3
     params = {"variant": "dyn", "epsilon": 2.0, "delta": 1e-5, "batch_size": batch, "lr": 0.05}
-    spec = plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J, num_iters=2 * iters,
-                     topology="exp")
+    spec = plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J,
+                     num_iters=(rounds + 1) * iters, topology="exp")
     factory = functools.partial(_spec_node, spec=spec, J=J)
     out = {"n": n, "samples_per_node": J, "batch": batch, "iterations": iters, "model": "shallow_cnn",
            "algorithm": "dyn_d2p", "topology": "exp", "data": "synthetic (timing only)"}
     cpus = os.cpu_count() or 1
-
-    def inprocess(threads: int) -> tuple[float, str]:
-        from flower_dp.gossip import run_iterations
-
-        before = torch.get_num_threads()
+    before = torch.get_num_threads()
+    nodes = [factory(i, "cpu") for i in range(n)]
+    for nd in nodes:
+        nd.setup()
+    run_iterations(nodes, 0, 1)  # first calls (allocator, lazy init)
+    probe = {}
+    for threads in sorted({1, cpus}):  # one iteration each (k = 1, 2), part of the warm-up epoch
         torch.set_num_threads(threads)
-        try:
-            nodes = [factory(i, "cpu") for i in range(n)]
-            for nd in nodes:
-                nd.setup()
-            run_iterations(nodes, 0, iters)  # round 1: warm-up, as under Flower
-            t0 = time.perf_counter()
-            run_iterations(nodes, iters, 2 * iters)
-            return time.perf_counter() - t0, nodes[0]._clip_impl.__name__
-        finally:
-            torch.set_num_threads(before)
-
-    # in-process can use the whole machine only through intra-op threads; on a loaded machine they
-    # can be much slower than one thread, so both are timed and the faster is the yardstick
-    t_one, impl = inprocess(1)
-    t_all, _ = inprocess(cpus) if cpus > 1 else (t_one, impl)
-    best_threads = cpus if t_all < t_one else 1
-    out.update({"inprocess_1thread_s": round(t_one, 3), f"inprocess_{cpus}threads_s": round(t_all, 3),
-                "inprocess_threads": best_threads, "inprocess_s": round(min(t_one, t_all), 3),
-                "clip_impl_inprocess": impl})
+        t0 = time.perf_counter()
+        run_iterations(nodes, len(probe) + 1, len(probe) + 2)
+        probe[threads] = time.perf_counter() - t0
+    torch.set_num_threads(before)
+    threads = min(probe, key=probe.get)
+    if len(probe) + 1 < iters:
+        run_iterations(nodes, len(probe) + 1, iters)  # finish the warm-up epoch (k = 0..iters-1)
+    out.update({"inprocess_probe_s_per_iteration": {str(k): round(v, 3) for k, v in probe.items()},
+                "inprocess_threads": threads, "clip_impl_inprocess": nodes[0]._clip_impl.__name__})
     if skip_ray:
+        torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        run_iterations(nodes, iters, 2 * iters)
+        out["inprocess_s"] = round(time.perf_counter() - t0, 3)
+        torch.set_num_threads(before)
         out.update(missing("Ray run skipped (--skip-ray)"))
         return out
     import ray
 
-    try:  # the host-actor engine alone (no Flower messages), as a breakdown
+    try:  # the host-actor engine alone (no Flower messages), as a breakdown; not interleaved
         t0 = time.perf_counter()
         be = _ray_backend(n, factory, num_hosts=2)
         out["ray_backend_startup_s"] = round(time.perf_counter() - t0, 2)
@@ -225,19 +248,20 @@ def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
     finally:
         ray.shutdown()
     try:
-        out.update(_flower_segment(n, spec, J, iters))
+        out.update(_flower_interleaved(n, spec, J, iters, rounds, nodes, threads))
     except Exception as exc:  # noqa: BLE001
         out.update(missing("Flower-on-Ray run failed", exc))
         return out
     finally:
         if ray.is_initialized():
             ray.shutdown()
-    t_after, _ = inprocess(best_threads)  # again after Flower: brackets load changes
-    out["inprocess_s_after"] = round(t_after, 3)
-    base = (min(t_one, t_all) + t_after) / 2
-    out["value"] = round(out["flower_segment_s"] / base, 3)
+    fl, ip = out["flower_rounds_s"], out["inprocess_segments_s"]
+    out["flower_segment_s"] = min(fl)
+    out["inprocess_s"] = min(ip)
+    out["value"] = round(min(fl) / min(ip), 3)
+    out["median_ratio"] = round(float(np.median(fl)) / float(np.median(ip)), 3)
     if "ray_backend_segment_s" in out:
-        out["ray_backend_ratio"] = round(out["ray_backend_segment_s"] / base, 3)
+        out["ray_backend_ratio"] = round(out["ray_backend_segment_s"] / min(ip), 3)
     out["num_hosts"] = 2
     return out
 
