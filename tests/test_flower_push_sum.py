@@ -146,12 +146,15 @@ def test_flower_on_ray_partpsp_matches_inprocess_runner(tmp_path):
 
 @pytest.mark.slow
 def test_flwr_run_example_app(tmp_path):
-    """`flwr run` on examples/push_sum against a SuperLink of our own (free ports, killed afterwards)."""
+    """`flwr run` on examples/push_sum against a SuperLink of our own (free ports, killed afterwards); its
+    simulation joins a Ray cluster this test starts on 127.0.0.1 (RAY_ADDRESS), so nothing binds another address."""
     import os
+    import shutil
     import signal
     import socket
     import subprocess
     import sys
+    import tempfile
     from pathlib import Path
 
     def free_port():
@@ -165,17 +168,24 @@ def test_flwr_run_example_app(tmp_path):
     port = free_port()  # flwr 1.41: one HTTP port for the Control, Runtime and Fleet APIs
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    ray_port = free_port()
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_ADDRESS=f"127.0.0.1:{ray_port}")  # the simulation's Ray joins a loopback-only cluster
+    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    ray_head = subprocess.Popen(  # --block in its own process group, killed below (`ray stop` would stop every Ray)
+        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
+         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     link = subprocess.Popen(
         [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     app = Path(__file__).resolve().parents[1] / "examples" / "push_sum"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # the SuperLink and the Ray head both listen on loopback
+            with socket.socket() as s, socket.socket() as r:
+                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
                     break
             assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
             time.sleep(0.5)
@@ -203,6 +213,13 @@ def test_flwr_run_example_app(tmp_path):
             os.killpg(link.pid, signal.SIGKILL)  # superexec / simulation children of that session
         except ProcessLookupError:
             pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(ray_head.pid, sig)
+            except ProcessLookupError:
+                pass
+            time.sleep(1)
+        shutil.rmtree(ray_temp, ignore_errors=True)
 
 
 @pytest.mark.parametrize("paper", ["dyn_d2p", "privsgp_vr", "dp_csgp", "partpsp"])
