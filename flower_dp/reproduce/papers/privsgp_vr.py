@@ -24,6 +24,8 @@ from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, 
 
 C2 = 0.3724
 K_RATIOS = (125 / 575, 270 / 575, 1.0, 1200 / 575, 2075 / 575)  # the paper's MNIST grid around K* = 575
+#: beyond the paper's grid, to locate where accuracy really peaks when it is still rising at 3.6 K*
+K_RATIOS_EXTRA = {"smoke": (), "ci": (8.0, 16.0), "full": (8.0, 16.0)}
 SETTINGS: dict[str, dict[str, Any]] = {
     "smoke": dict(n=4, J=600, block=40, G=0.5, eps=1.0, lr=0.3, vr_K=4, vr_eval=2, test_samples=300, k_min=2,
                   k_max=45, baseline_K=4),
@@ -100,7 +102,8 @@ def build_runs(scale: str, table: str, seeds: list[int]):
     base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA)
     if table == "headline":
         K_star, _ = k_star(scale)
-        Ks = sorted({int(min(s["k_max"], max(s["k_min"], round(r * K_star)))) for r in K_RATIOS})
+        Ks = sorted({int(min(s["k_max"], max(s["k_min"], round(r * K_star))))
+                     for r in K_RATIOS + K_RATIOS_EXTRA[scale]})
         for seed in seeds:
             for K in Ks:
                 specs.append(pushsum_spec(
