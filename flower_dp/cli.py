@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from . import __version__
+from .errors import FlowerDPError
 
 __all__ = ["main", "build_parser"]
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, FlowerDPError) as exc:
         print(f"flower-dp {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

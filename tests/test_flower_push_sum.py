@@ -147,79 +147,22 @@ def test_flower_on_ray_partpsp_matches_inprocess_runner(tmp_path):
 @pytest.mark.slow
 def test_flwr_run_example_app(tmp_path):
     """`flwr run` on examples/push_sum against a SuperLink of our own (free ports, killed afterwards); its
-    simulation joins a Ray cluster this test starts on 127.0.0.1 (RAY_ADDRESS), so nothing binds another address."""
-    import os
-    import shutil
-    import signal
-    import socket
-    import subprocess
-    import sys
-    import tempfile
+    simulation joins a Ray cluster started on 127.0.0.1 (RAY_ADDRESS), so nothing binds another address."""
     from pathlib import Path
 
-    def free_port():
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+    from flwr_run_helper import flwr_run
 
-    bin_dir = Path(sys.executable).parent
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    port = free_port()  # flwr 1.41: one HTTP port for the Control, Runtime and Fleet APIs
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    ray_port = free_port()
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               RAY_ADDRESS=f"127.0.0.1:{ray_port}")  # the simulation's Ray joins a loopback-only cluster
-    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
-    ray_head = subprocess.Popen(  # --block in its own process group, killed below (`ray stop` would stop every Ray)
-        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
-         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    link = subprocess.Popen(
-        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     app = Path(__file__).resolve().parents[1] / "examples" / "push_sum"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # the SuperLink and the Ray head both listen on loopback
-            with socket.socket() as s, socket.socket() as r:
-                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
-                    break
-            assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
-            time.sleep(0.5)
-        out = subprocess.run(
-            [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", "num-supernodes=8",
-             "--run-config", f"num-iters=20 out-dir='{tmp_path / 'out'}'"],
-            env=env, capture_output=True, text=True, timeout=400)
-        text = out.stdout + out.stderr
-        assert "PUSH_SUM_DONE" in text, text[-4000:] + (home / "superlink.log").read_text()[-3000:]
-        doc = json.loads((tmp_path / "out" / "results.json").read_text())
-        assert doc["status"] == "finished" and [h["k"] for h in doc["history"]] == [10, 20]
-        # same numbers as the in-process loop on the same toy nodes
-        topo = make_topology("random_irregular", 8, seed=0)
-        nodes = [build_toy_node(i, "cpu", topology=topo, dim=16, seed=0) for i in range(8)]
-        bits = sum(sum(run_iteration(nodes, k).bits_sent.values()) for k in range(20))
-        assert doc["history"][-1]["bits_total"] == bits
-    finally:
-        os.killpg(link.pid, signal.SIGTERM)
-        try:
-            link.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(link.pid, signal.SIGKILL)
-        time.sleep(1)
-        try:
-            os.killpg(link.pid, signal.SIGKILL)  # superexec / simulation children of that session
-        except ProcessLookupError:
-            pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(ray_head.pid, sig)
-            except ProcessLookupError:
-                pass
-            time.sleep(1)
-        shutil.rmtree(ray_temp, ignore_errors=True)
+    text = flwr_run(app, tmp_path, federation_config="num-supernodes=8",
+                    run_config=f"num-iters=20 out-dir='{tmp_path / 'out'}'")
+    assert "PUSH_SUM_DONE" in text, text[-4000:]
+    doc = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert doc["status"] == "finished" and [h["k"] for h in doc["history"]] == [10, 20]
+    # same numbers as the in-process loop on the same toy nodes
+    topo = make_topology("random_irregular", 8, seed=0)
+    nodes = [build_toy_node(i, "cpu", topology=topo, dim=16, seed=0) for i in range(8)]
+    bits = sum(sum(run_iteration(nodes, k).bits_sent.values()) for k in range(20))
+    assert doc["history"][-1]["bits_total"] == bits
 
 
 @pytest.mark.parametrize("paper", ["dyn_d2p", "privsgp_vr", "dp_csgp", "partpsp"])

@@ -199,3 +199,24 @@ def test_run_gau_lrq_in_a_flower_simulation_and_in_process_agree_on_the_mechanis
     for a, b in zip(sim["rounds"], inp["rounds"]):
         assert a["received"] == b["received"] == 2 and a["sigma"] == b["sigma"] and a["eps_rigorous"] == b["eps_rigorous"]
     assert len(sim["accuracy_per_round"]) == 3 and json.loads((tmp_path / "sim" / "results.json").read_text())
+
+
+@pytest.mark.slow
+def test_flwr_run_gau_lrq_example_app(tmp_path):
+    """`flwr run examples/gau_lrq` (SuperLink and Ray on 127.0.0.1): the app trains, decodes and writes its results."""
+    from pathlib import Path
+
+    from flwr_run_helper import flwr_run
+
+    app = Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"
+    out = tmp_path / "out"
+    text = flwr_run(app, tmp_path, federation_config="num-supernodes=6",
+                    run_config=(f"num-clients=6 clients-per-round=3 num-rounds=2 local-steps=2 test-samples=200 "
+                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'"))
+    res = out / "lrq" / "results.json"
+    assert res.is_file(), text[-4000:]
+    doc = json.loads(res.read_text())
+    assert doc["rounds_completed"] == 2 and doc["stop_reason"] == "completed", doc["stop_reason"]
+    assert doc["final_accuracy"] is not None and doc["run"]["dataset"] == "fashion_mnist"
+    secret = (tmp_path / "lrq.secret").read_bytes()
+    assert secret.hex() not in res.read_text() and secret.hex() not in text   # the secret never leaks

@@ -62,14 +62,15 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_core_never_imports_flower_or_the_glue_packages():
-    """DESIGN.md: the core knows nothing of Flower, clients or strategies."""
+    """DESIGN.md: the core knows nothing of Flower, clients or strategies.  Flower Datasets (``flwr_datasets``)
+    is a data library, not the Flower runtime: ``flower_dp.data`` may use its partitioners (issue 2), lazily."""
     offenders = []
     for entry in CORE:
         p = ROOT / "flower_dp" / entry
         files = [p] if p.is_file() else sorted(p.rglob("*.py")) if p.exists() else []
         for f in files:
             for m in _imports(f):
-                if m.startswith("flwr") or "clients" in m or "strategies" in m or m.startswith("..experiments"):
+                if (m.startswith("flwr") and not m.startswith("flwr_datasets")) or "clients" in m or "strategies" in m or m.startswith("..experiments"):
                     offenders.append(f"{f.relative_to(ROOT)} imports {m}")
     assert not offenders, offenders
 

@@ -57,7 +57,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not path.exists() and not path.suffix:
         path = builtin_config_path(args.config)
     cfg = load_config(path, parse_overrides(args.set))
-    res = run_experiment(cfg, out_dir=args.out, resume=args.resume)
+    out, resume = args.out, bool(args.resume)
+    if isinstance(args.resume, str):  # --resume DIR
+        if out is not None and out != args.resume:
+            raise ValueError(f"--resume {args.resume!r} and --out {out!r} name different folders; give one of them")
+        out = args.resume
+    res = run_experiment(cfg, out_dir=out, resume=resume)
     _report(res)
     return 0
 
@@ -82,7 +87,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run an experiment config in-process", description="Run a TOML experiment config.")
     p.add_argument("config", help="path of a .toml config, or the name of a built-in one (e.g. quickstart)")
     p.add_argument("--out", default=None, help="results folder (default: run.out_dir of the config)")
-    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in the results folder")
+    p.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
+                   help="continue a stopped run from the checkpoint in DIR (or in --out)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     p.set_defaults(func=_cmd_run)
 

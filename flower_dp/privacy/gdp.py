@@ -47,7 +47,9 @@ def delta_from_mu_eps(mu: float, eps: float) -> float:
     """delta of a mu-GDP mechanism at ``eps`` (Dyn-D2P eq. 4)."""
     mu = check_positive("mu", mu)
     eps = check_nonnegative("eps", eps)
-    return float(norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * norm.cdf(-eps / mu - mu / 2))
+    # e^eps * Phi(b) in log space: e^eps alone overflows for eps > ~709 (large mu, tiny noise)
+    second = math.exp(min(eps + float(norm.logcdf(-eps / mu - mu / 2)), 709.0))
+    return float(max(0.0, norm.cdf(-eps / mu + mu / 2) - second))
 
 
 def mu_from_eps_delta(eps: float, delta: float) -> float:

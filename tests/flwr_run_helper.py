@@ -1,0 +1,73 @@
+"""`flwr run` an example app against a SuperLink and a Ray head of the test's own, both on 127.0.0.1.
+
+The SuperLink (``--simulation``) and the Ray head (``--block``) run in their own process groups and are
+killed afterwards: ``ray stop`` would stop every other Ray instance on the machine.  The simulation's Ray
+joins the loopback head through ``RAY_ADDRESS`` (``flwr run`` has no option for Ray's node address).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+
+
+def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400) -> str:
+    """Run ``flwr run APP`` with FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; return its stdout + stderr."""
+    bin_dir = Path(sys.executable).parent
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    port, ray_port = free_port(), free_port()  # flwr 1.41: one HTTP port for the Control, Runtime and Fleet APIs
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", RAY_ADDRESS=f"127.0.0.1:{ray_port}")
+    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    ray_head = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
+         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    link = subprocess.Popen(
+        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with socket.socket() as s, socket.socket() as r:
+                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
+                    break
+            assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
+            time.sleep(0.5)
+        out = subprocess.run(
+            [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", federation_config,
+             "--run-config", run_config], env=env, capture_output=True, text=True, timeout=timeout)
+        return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
+    finally:
+        _kill_group(link)
+        _kill_group(ray_head)
+        shutil.rmtree(ray_temp, ignore_errors=True)
