@@ -295,7 +295,7 @@ def acc_pm(g: dict[str, Any] | None) -> str:
     if g is None:
         return "-"
     if g.get("n_seeds", 1) > 1:
-        return f"{fmt(g['final_acc'])} +- {fmt(g['final_acc_std'])}"
+        return f"{fmt(g['final_acc'])} +- {g['final_acc_std']:.3f}"
     return fmt(g["final_acc"])
 
 
