@@ -188,3 +188,15 @@ def test_flower_backend_reproduces_inprocess_numbers(tmp_path):
     for key in ("final_acc", "final_loss", "bits_total", "eps_rigorous"):
         assert fl[0][key] == pytest.approx(ref[0][key], rel=1e-6, abs=1e-9), key
     assert [h["k"] for h in fl[0]["history"]] == [h["k"] for h in ref[0]["history"]]
+
+
+def test_index_lists_every_reproduction_with_its_claims(tmp_path):
+    """`flower-dp reproduce all` writes an index: one row per paper with claims reproduced / checked and a link."""
+    from flower_dp.reproduce import Claim, Reproduction
+    from flower_dp.reproduce.cli import write_index
+
+    reps = [Reproduction("dp-csgp", "fig1-2", "ci", [{"wall_time_s": 60.0, "cpu_time_s": 30.0}],
+                         [Claim("a", True, ""), Claim("b", False, ""), Claim("c", None, "")],
+                         tmp_path / "dp-csgp" / "report.md", 61.0)]
+    text = write_index(tmp_path, reps).read_text()
+    assert "| dp-csgp | fig1-2 | ci | 1 | 1/2 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) |" in text
