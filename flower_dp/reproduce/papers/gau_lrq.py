@@ -77,7 +77,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
             return doc
     cfg = dict(spec.config)
     method = cfg.pop("method")
-    secret = ensure_secret_file(run_dir.parent.parent / "lrq.secret")
+    secret = ensure_secret_file(run_dir.parent / "lrq.secret")  # beside the runs, never in the report folder
     resume = (run_dir / "checkpoint.pt").is_file()
     try:
         res = run_gau_lrq(method, out_dir=run_dir, secret_file=secret, resume=resume,
@@ -189,7 +189,8 @@ def render(records, table: str, scale: str, out: Path):
             xs, ys = core.curve(r, "acc_avg", "k")
             axes[0].plot(xs, ys, marker="o", ms=3, label=label)
             bx, by = core.curve(r, "acc_avg", "bits_total")
-            axes[1].plot([max(b, 1.0) for b in bx], by, marker="o", ms=3, label=label)
+            pts = [(b, a) for b, a in zip(bx, by) if b > 0]  # the untrained model (0 bits) has no place on a log axis
+            axes[1].plot([b for b, _ in pts], [a for _, a in pts], marker="o", ms=3, label=label)
         logx(axes[1])
         style(axes[0], xlabel="round", ylabel="test accuracy", title="accuracy vs round (seed 0)")
         style(axes[1], xlabel="uplink bits (all clients)", ylabel="test accuracy", title="accuracy vs bits (seed 0)")
