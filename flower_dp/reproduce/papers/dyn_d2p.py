@@ -54,7 +54,7 @@ def _label(variant: str) -> str:
     return dict((v, k) for k, v in ALGS)[variant]
 
 
-def build_runs(scale: str, table: str, seeds: list[int]):
+def _build_tables(scale: str, table: str, seeds: list[int]):
     s = SETTINGS[table][scale]
     specs = []
     common = dict(num_iters=s["K"], eval_every=s["eval_every"], n_nodes=s["n"], model=s["model"],
@@ -74,7 +74,7 @@ def build_runs(scale: str, table: str, seeds: list[int]):
     return specs
 
 
-def check_claims(records, table: str, scale: str) -> list[Claim]:
+def _claims_tables(records, table: str, scale: str) -> list[Claim]:
     groups = group_records(records)
     eps_grid = sorted({g["eps"] for g in groups if g["calibration"] != "-"})
     algs = [a for a, _ in ALGS if any(g["algorithm"] == a for g in groups) and a != "Non-private"]
@@ -134,7 +134,7 @@ def _schedule_plot(out: Path, table: str, scale: str) -> str | None:
     return savefig(fig, out, "sigma_schedule.png")
 
 
-def render(records, table: str, scale: str, out: Path):
+def _render_tables(records, table: str, scale: str, out: Path):
     groups = group_records(records)
     eps_grid = sorted({g["eps"] for g in groups if g["calibration"] != "-"})
     lines = [f"## Ours vs the paper ({'Table 2: shallow CNN, Fashion-MNIST' if table == 'table2' else 'Table 1: ResNet-18, CIFAR-10'}, "
@@ -188,7 +188,7 @@ def render(records, table: str, scale: str, out: Path):
     return lines, plots
 
 
-def differences(table: str, scale: str) -> list[str]:
+def _differences_tables(table: str, scale: str) -> list[str]:
     s = SETTINGS[table][scale]
     out = [
         f"Scale: K = {s['K']} iterations, batch B = {s['B']}, lr = {s['lr']}, n = {s['n']} "
@@ -208,10 +208,63 @@ def differences(table: str, scale: str) -> list[str]:
     return out
 
 
+# --------------------------------------------------------------------------------------------- Fig. 5a
+#: Fig. 5a: n = 20, eps = 1, three topologies; the paper says accuracy ring < exponential < complete
+FIG5A_TOPOS = {"directed ring": "directed_ring", "time-varying exponential": "exp_one_peer", "complete": "complete"}
+
+
+def _build_fig5a(scale: str, seeds: list[int]):
+    s = SETTINGS["table2"][scale]
+    base = dict(batch_size=s["B"], lr=s["lr"], delta=DELTA, rho_c=2.0, rho_mu=2.0, variant="dyn", epsilon=1.0,
+                calibration="rigorous", **CLIP["table2"])
+    return [pushsum_spec(f"fig5a-{topo}", {"algorithm": "Dyn-D2P", "topology": label}, seed=seed,
+                         num_iters=s["K"], eval_every=s["eval_every"], n_nodes=s["n"], model=s["model"], topology=topo,
+                         algorithm="dyn_d2p", dataset=s["dataset"], samples_per_node=s["samples_per_node"],
+                         test_samples=s["test_samples"], params=base)
+            for seed in seeds for label, topo in FIG5A_TOPOS.items()]
+
+
+def _claims_fig5a(records) -> list[Claim]:
+    groups = group_records(records)
+    ring, exp, full = (pick(groups, topology=t) for t in FIG5A_TOPOS)
+    ok1, d1 = ordering_claim_detail("exponential", exp, "ring", ring)
+    ok2, d2 = ordering_claim_detail("complete", full, "exponential", exp)
+    return [Claim("Fig. 5a: time-varying exponential > directed ring (eps = 1)", ok1, d1),
+            Claim("Fig. 5a: complete > time-varying exponential (eps = 1)", ok2, d2)]
+
+
+def build_runs(scale: str, table: str, seeds: list[int]):
+    return _build_fig5a(scale, seeds) if table == "fig5a" else _build_tables(scale, table, seeds)
+
+
+def check_claims(records, table: str, scale: str) -> list[Claim]:
+    return _claims_fig5a(records) if table == "fig5a" else _claims_tables(records, table, scale)
+
+
+def render(records, table: str, scale: str, out: Path):
+    if table != "fig5a":
+        return _render_tables(records, table, scale, out)
+    groups = group_records(records)
+    s = SETTINGS["table2"][scale]
+    lines = [f"## Fig. 5a: Dyn-D2P on three topologies (shallow CNN, n = {s['n']}, eps = 1, delta = 1e-4, "
+             f"K = {s['K']})", "", "The paper (curves only) reports ring < time-varying exponential < complete.", ""]
+    lines += md_table(["topology", "accuracy", "eps rigorous", "bits (all nodes)"],
+                      [[t, acc_pm(pick(groups, topology=t)), fmt(pick(groups, topology=t)["eps_rigorous"]),
+                        fmt(pick(groups, topology=t)["bits_total"])] for t in FIG5A_TOPOS if pick(groups, topology=t)])
+    fig, axes = new_axes(1)
+    plot_curves(axes[0], records, label_key="topology", title="Dyn-D2P, eps = 1: accuracy vs iteration")
+    return lines, [savefig(fig, out, "accuracy_vs_iteration.png")]
+
+
+def differences(table: str, scale: str) -> list[str]:
+    return _differences_tables("table2" if table == "fig5a" else table, scale)
+
+
 PAPER = Paper(
     name="dyn-d2p",
     title="Dyn-D2P: dynamic differentially private decentralized learning",
-    tables={"table2": "Table 2, shallow CNN on Fashion-MNIST", "table1": "Table 1, ResNet-18 on CIFAR-10"},
+    tables={"table2": "Table 2, shallow CNN on Fashion-MNIST", "table1": "Table 1, ResNet-18 on CIFAR-10",
+            "fig5a": "Fig. 5a, Dyn-D2P on ring / time-varying exponential / complete graphs (eps = 1)"},
     default_table="table2",
     build_runs=build_runs,
     check_claims=check_claims,
