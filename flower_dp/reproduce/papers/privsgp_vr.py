@@ -96,7 +96,7 @@ def _common(s, **kw):
                 test_samples=s["test_samples"], **kw)
 
 
-def build_runs(scale: str, table: str, seeds: list[int]):
+def _build_main(scale: str, table: str, seeds: list[int]):
     s = SETTINGS[scale]
     specs = []
     base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA)
@@ -129,7 +129,7 @@ def build_runs(scale: str, table: str, seeds: list[int]):
     return specs
 
 
-def check_claims(records, table: str, scale: str) -> list[Claim]:
+def _claims_main(records, table: str, scale: str) -> list[Claim]:
     groups = group_records(records)
     claims = []
     if table == "headline":
@@ -168,7 +168,7 @@ def check_claims(records, table: str, scale: str) -> list[Claim]:
     return claims
 
 
-def render(records, table: str, scale: str, out: Path):
+def _render_main(records, table: str, scale: str, out: Path):
     groups = group_records(records)
     s = SETTINGS[scale]
     lines = []
@@ -213,6 +213,73 @@ def render(records, table: str, scale: str, out: Path):
     return lines, plots
 
 
+# --------------------------------------------------------------------------------------------- Figs. 3 / 8
+#: the privacy/utility trade-off: for each eps, K*(eps) = K*(1) eps^2 (homogeneous budgets) and two other K
+TRADEOFF_EPS = {"smoke": (0.6, 1.0), "ci": (0.4, 1.0, 1.6), "full": (0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6)}
+TRADEOFF_K = (0.5, 1.0, 2.0)
+
+
+def _build_tradeoff(scale: str, seeds: list[int]):
+    s = SETTINGS[scale]
+    K1, _ = k_star(scale)
+    base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA, calibration="paper", c2=C2)
+    specs = []
+    for seed in seeds:
+        for eps in TRADEOFF_EPS[scale]:
+            k_eps = K1 * eps ** 2 * (s["eps"] ** -2)
+            for r in TRADEOFF_K:
+                K = int(max(s["k_min"], round(r * k_eps)))
+                specs.append(pushsum_spec(
+                    f"fig8-eps{eps:g}-x{r:g}", {"figure": "fig8", "eps": eps, "K_over_Kstar": r, "K": K,
+                                                "K_star": round(k_eps, 1)},
+                    seed=seed, num_iters=K, eval_every=max(1, K // 4), topology="exp_one_peer", algorithm="privsgp_vr",
+                    params={**base, "epsilon": eps}, **_common(s)))
+    return specs
+
+
+def _claims_tradeoff(records) -> list[Claim]:
+    groups = group_records(records)
+    eps_grid = sorted({g["eps"] for g in groups})
+    at_star = [pick(groups, eps=e, K_over_Kstar=1.0) for e in eps_grid]
+    claims = []
+    if all(at_star) and len(at_star) > 1:
+        accs = [g["final_acc"] for g in at_star]
+        claims.append(Claim("the accuracy at K*(eps) increases with eps", all(a < b for a, b in zip(accs, accs[1:])),
+                            ", ".join(f"eps {e:g}: {acc_pm(g)}" for e, g in zip(eps_grid, at_star))))
+    for e, star in zip(eps_grid, at_star):
+        others = [pick(groups, eps=e, K_over_Kstar=r) for r in TRADEOFF_K if r != 1.0]
+        if star and all(others):
+            ok = all(star["final_acc"] > o["final_acc"] for o in others)
+            claims.append(Claim(f"at eps = {e:g}, K*(eps) = {star['K']} beats the other two K", bool(ok),
+                                ", ".join(f"K={g['K']}: {acc_pm(g)}" for g in sorted(others + [star], key=lambda g: g["K"]))))
+    return claims
+
+
+def _render_tradeoff(records, scale: str, out: Path):
+    groups = group_records(records)
+    lines = [f"## Figs. 3 / 8 analogue: privacy-utility trade-off, K*(eps) = K*(1) eps^2 and 0.5 / 2 x K*(eps), "
+             f"sigma from eq. (11)", ""]
+    rows = [[f"{g['eps']:g}", str(g["K"]), f"{g['K_over_Kstar']:g}", acc_pm(g), fmt(g["eps_rigorous"])]
+            for g in sorted(groups, key=lambda g: (g["eps"], g["K"]))]
+    lines += md_table(["eps (target)", "K", "K / K*(eps)", "accuracy", "eps rigorous"], rows)
+    fig, axes = new_axes(1)
+    plot_acc_vs(axes[0], [dict(g, series=f"{g['K_over_Kstar']:g} x K*(eps)") for g in groups], x="eps",
+                series_key="series", xlabel="target eps (paper calibration)", title="accuracy vs eps")
+    return lines, [savefig(fig, out, "accuracy_vs_eps.png")]
+
+
+def build_runs(scale: str, table: str, seeds: list[int]):
+    return _build_tradeoff(scale, seeds) if table == "fig8" else _build_main(scale, table, seeds)
+
+
+def check_claims(records, table: str, scale: str) -> list[Claim]:
+    return _claims_tradeoff(records) if table == "fig8" else _claims_main(records, table, scale)
+
+
+def render(records, table: str, scale: str, out: Path):
+    return _render_tradeoff(records, scale, out) if table == "fig8" else _render_main(records, table, scale, out)
+
+
 def differences(table: str, scale: str) -> list[str]:
     s = SETTINGS[scale]
     return [
@@ -232,7 +299,8 @@ PAPER = Paper(
     name="privsgp-vr",
     title="PrivSGP-VR: differentially private variance-reduced stochastic gradient push",
     tables={"headline": "Fig. 7 (optimal K*) and Fig. 9 (VR vs no VR), 2-layer net",
-            "fig10": "Fig. 10, PrivSGP-VR vs DP2-SGD vs A(DP)2SGD on the undirected ring"},
+            "fig10": "Fig. 10, PrivSGP-VR vs DP2-SGD vs A(DP)2SGD on the undirected ring",
+            "fig8": "Figs. 3/8, privacy-utility trade-off at K*(eps) and two other K"},
     default_table="headline",
     build_runs=build_runs,
     check_claims=check_claims,
