@@ -191,12 +191,17 @@ def test_flower_backend_reproduces_inprocess_numbers(tmp_path):
 
 
 def test_index_lists_every_reproduction_with_its_claims(tmp_path):
-    """`flower-dp reproduce all` writes an index: one row per paper with claims reproduced / checked and a link."""
-    from flower_dp.reproduce import Claim, Reproduction
+    """The index (``flower-dp reproduce all``) has one row per reproduction folder: claims reproduced / checked."""
     from flower_dp.reproduce.cli import write_index
+    from flower_dp.results import write_json
 
-    reps = [Reproduction("dp-csgp", "fig1-2", "ci", [{"wall_time_s": 60.0, "cpu_time_s": 30.0}],
-                         [Claim("a", True, ""), Claim("b", False, ""), Claim("c", None, "")],
-                         tmp_path / "dp-csgp" / "report.md", 61.0)]
-    text = write_index(tmp_path, reps).read_text()
-    assert "| dp-csgp | fig1-2 | ci | 1 | 1/2 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) |" in text
+    d = tmp_path / "dp-csgp"
+    d.mkdir()
+    meta = {"paper": "dp-csgp", "table": "fig1-2", "scale": "ci", "command": "flower-dp reproduce dp-csgp"}
+    write_json(d / "claims.json", {"meta": meta, "claims": [{"name": "a", "passed": True, "detail": ""},
+                                                             {"name": "b", "passed": False, "detail": ""},
+                                                             {"name": "c", "passed": None, "detail": ""}]})
+    write_json(d / "records.json", {"meta": meta, "records": [{"wall_time_s": 60.0, "cpu_time_s": 30.0}]})
+    text = write_index(tmp_path).read_text()
+    assert ("| dp-csgp | fig1-2 | ci | 1 | 1/2 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) | "
+            "`flower-dp reproduce dp-csgp` |") in text

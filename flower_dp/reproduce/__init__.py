@@ -117,6 +117,8 @@ def reproduce(
     meta["sweep_wall_time_s"] = wall
     meta["compute_time_s"] = sum(float(r.get("wall_time_s", 0.0) or 0.0) for r in records)
     meta["cpu_time_s"] = sum(float(r.get("cpu_time_s", 0.0) or 0.0) for r in records if r.get("cpu_time_s") == r.get("cpu_time_s"))
+    rio.write_json(out_path / "claims.json", {"meta": meta, "claims": [
+        {"name": c.name, "passed": c.passed, "detail": c.detail} for c in claims]})
     report = _report_md(p, meta, records, claims, tables_md, plots)
     rio.atomic_write_bytes(out_path / "report.md", report.encode())
     for c in claims:

@@ -8,24 +8,38 @@ from pathlib import Path
 __all__ = ["register", "write_index"]
 
 
-def write_index(out: Path, reps: list) -> Path:
-    """``out/README.md``: one line per reproduction (claims reproduced, time, link to its report)."""
+def write_index(out: Path) -> Path:
+    """``out/README.md``: one line per reproduction found under ``out`` (claims reproduced, time, report link).
+
+    Built from the files each reproduction leaves (``*/claims.json``, ``*/records.json``), so the index also
+    lists tables run one by one (``flower-dp reproduce PAPER --table T --out out/PAPER-T``).
+    """
+    import json
+
     from .. import results as rio
 
     lines = ["# Reproductions", "",
-             "| paper | table | scale | runs | claims reproduced | wall time (min) | CPU time (min) | report |",
-             "|---|---|---|---|---|---|---|---|"]
-    for rep in reps:
-        n_ok = sum(1 for c in rep.claims if c.passed)
-        n_chk = sum(1 for c in rep.claims if c.passed is not None)
-        wall = sum(float(r.get("wall_time_s") or 0) for r in rep.records) / 60
-        cpu = sum(float(r.get("cpu_time_s") or 0) for r in rep.records if r.get("cpu_time_s") == r.get("cpu_time_s")) / 60
-        rel = rep.report_path.relative_to(out) if rep.report_path.is_relative_to(out) else rep.report_path
-        lines.append(f"| {rep.paper} | {rep.table} | {rep.scale} | {len(rep.records)} | {n_ok}/{n_chk} | {wall:.1f} | "
-                     f"{cpu:.1f} | [{rel}]({rel}) |")
+             "| paper | table | scale | runs | claims reproduced | wall time (min) | CPU time (min) | report | command |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for claims_path in sorted(Path(out).glob("*/claims.json")):
+        folder = claims_path.parent
+        try:
+            doc = json.loads(claims_path.read_text())
+            records = json.loads((folder / "records.json").read_text())["records"]
+        except (OSError, ValueError, KeyError):
+            continue
+        meta, claims = doc["meta"], doc["claims"]
+        n_ok = sum(1 for c in claims if c["passed"])
+        n_chk = sum(1 for c in claims if c["passed"] is not None)
+        wall = sum(float(r.get("wall_time_s") or 0) for r in records) / 60
+        cpu = sum(float(r["cpu_time_s"]) for r in records if isinstance(r.get("cpu_time_s"), (int, float))
+                  and r["cpu_time_s"] == r["cpu_time_s"]) / 60
+        rel = f"{folder.name}/report.md"
+        lines.append(f"| {meta['paper']} | {meta['table']} | {meta['scale']} | {len(records)} | {n_ok}/{n_chk} | "
+                     f"{wall:.1f} | {cpu:.1f} | [{rel}]({rel}) | `{meta['command']}` |")
     lines += ["", "Wall and CPU time are sums over the runs (each run's own timer; CPU time of the driver process).",
               "Every report lists its claims one by one, with our numbers, the rigorous eps, and why numbers differ.", ""]
-    path = out / "README.md"
+    path = Path(out) / "README.md"
     rio.atomic_write_bytes(path, "\n".join(lines).encode())
     return path
 
@@ -41,7 +55,7 @@ def _cmd(args: argparse.Namespace) -> int:
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
                                   f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else ""))
                 for p in PAPERS]
-        print(f"index: {write_index(base, reps)}")
+        print(f"index: {write_index(base)}")
     else:
         reps = [reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
                           seeds=args.seeds)]
