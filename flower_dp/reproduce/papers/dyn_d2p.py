@@ -233,15 +233,51 @@ def _claims_fig5a(records) -> list[Claim]:
             Claim("Fig. 5a: complete > time-varying exponential (eps = 1)", ok2, d2)]
 
 
+# --------------------------------------------------------------------------------------------- Fig. 5b
+#: Fig. 5b: J = 1250 samples per node, more nodes -> higher accuracy (the 1/sqrt(n) factor), eps = 1
+FIG5B_N = {"smoke": (2, 4), "ci": (5, 10, 20), "full": (10, 20, 30, 40)}
+
+
+def _build_fig5b(scale: str, seeds: list[int]):
+    s = SETTINGS["table2"][scale]
+    J = 1250 if scale != "smoke" else s["samples_per_node"]
+    base = dict(batch_size=s["B"], lr=s["lr"], delta=DELTA, rho_c=2.0, rho_mu=2.0, variant="dyn", epsilon=1.0,
+                calibration="rigorous", **CLIP["table2"])
+    return [pushsum_spec(f"fig5b-n{n}", {"algorithm": "Dyn-D2P", "n": n}, seed=seed, num_iters=s["K"],
+                         eval_every=s["eval_every"], n_nodes=n, model=s["model"], topology="exp_one_peer",
+                         algorithm="dyn_d2p", dataset=s["dataset"], samples_per_node=J,
+                         test_samples=s["test_samples"], params=base)
+            for seed in seeds for n in FIG5B_N[scale]]
+
+
+def _claims_fig5b(records) -> list[Claim]:
+    gs = sorted(group_records(records), key=lambda g: g["n"])
+    curve_txt = ", ".join(f"n={g['n']}: {acc_pm(g)}" for g in gs)
+    return [Claim("Fig. 5b: more nodes (J fixed) give higher accuracy",
+                  all(a["final_acc"] < b["final_acc"] for a, b in zip(gs, gs[1:])), curve_txt)]
+
+
 def build_runs(scale: str, table: str, seeds: list[int]):
+    if table == "fig5b":
+        return _build_fig5b(scale, seeds)
     return _build_fig5a(scale, seeds) if table == "fig5a" else _build_tables(scale, table, seeds)
 
 
 def check_claims(records, table: str, scale: str) -> list[Claim]:
+    if table == "fig5b":
+        return _claims_fig5b(records)
     return _claims_fig5a(records) if table == "fig5a" else _claims_tables(records, table, scale)
 
 
 def render(records, table: str, scale: str, out: Path):
+    if table == "fig5b":
+        gs = sorted(group_records(records), key=lambda g: g["n"])
+        lines = ["## Fig. 5b: Dyn-D2P with J = 1250 samples per node and more nodes (eps = 1, exponential graph)", "",
+                 "The paper (curves only) reports higher accuracy with more nodes.", ""]
+        lines += md_table(["n", "accuracy", "eps rigorous"], [[str(g["n"]), acc_pm(g), fmt(g["eps_rigorous"])] for g in gs])
+        fig, axes = new_axes(1)
+        plot_curves(axes[0], records, label_key="n", title="Dyn-D2P, eps = 1, J = 1250: accuracy vs iteration")
+        return lines, [savefig(fig, out, "accuracy_vs_iteration.png")]
     if table != "fig5a":
         return _render_tables(records, table, scale, out)
     groups = group_records(records)
@@ -257,14 +293,15 @@ def render(records, table: str, scale: str, out: Path):
 
 
 def differences(table: str, scale: str) -> list[str]:
-    return _differences_tables("table2" if table == "fig5a" else table, scale)
+    return _differences_tables("table2" if table in ("fig5a", "fig5b") else table, scale)
 
 
 PAPER = Paper(
     name="dyn-d2p",
     title="Dyn-D2P: dynamic differentially private decentralized learning",
     tables={"table2": "Table 2, shallow CNN on Fashion-MNIST", "table1": "Table 1, ResNet-18 on CIFAR-10",
-            "fig5a": "Fig. 5a, Dyn-D2P on ring / time-varying exponential / complete graphs (eps = 1)"},
+            "fig5a": "Fig. 5a, Dyn-D2P on ring / time-varying exponential / complete graphs (eps = 1)",
+            "fig5b": "Fig. 5b, Dyn-D2P with more nodes at J = 1250 per node (eps = 1)"},
     default_table="table2",
     build_runs=build_runs,
     check_claims=check_claims,

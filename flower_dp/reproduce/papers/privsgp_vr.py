@@ -268,15 +268,73 @@ def _render_tradeoff(records, scale: str, out: Path):
     return lines, [savefig(fig, out, "accuracy_vs_eps.png")]
 
 
+# --------------------------------------------------------------------------------------------- Figs. 1 / 6
+#: linear speedup at a constant noise sigma^2 = 0.01 (not privacy calibrated), J fixed per node
+SPEEDUP_N = {"smoke": (2, 4), "ci": (5, 10, 20), "full": (25, 50, 100)}
+
+
+def _build_speedup(scale: str, seeds: list[int]):
+    s = SETTINGS[scale]
+    K = s["vr_K"]
+    base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA, noise_std=math.sqrt(0.01))
+    return [pushsum_spec(f"fig6-n{n}", {"figure": "fig6", "n": n, "K": K}, seed=seed, num_iters=K,
+                         eval_every=max(1, K // 4), topology="exp_one_peer", algorithm="privsgp_vr", checkpoint=False,
+                         params=base, **dict(_common(s), n_nodes=n))
+            for seed in seeds for n in SPEEDUP_N[scale]]
+
+
+def _loss_at(rec, k: int) -> float:
+    for h in rec.get("history", []):
+        if int(h["k"]) == k:
+            return float(h["test_loss_avg"])
+    return float("nan")
+
+
+def _claims_speedup(records) -> list[Claim]:
+    gs = sorted(group_records(records), key=lambda g: g["n"])
+    claims = [Claim("more nodes reach a lower test loss in the same K (sigma^2 = 0.01)",
+                    all(a["final_loss"] > b["final_loss"] for a, b in zip(gs, gs[1:])),
+                    ", ".join(f"n={g['n']}: loss {fmt(g['final_loss'])}" for g in gs))]
+    for a, b in zip(gs, gs[1:]):
+        if b["n"] != 2 * a["n"]:
+            continue
+        K = int(a["K"])
+        la = sum(r["final_loss"] for r in a["records"]) / len(a["records"])
+        lb = sum(_loss_at(r, K // 2) for r in b["records"]) / len(b["records"])
+        claims.append(Claim(f"linear speedup: n = {b['n']} at K/2 = {K // 2} is as good as n = {a['n']} at K = {K}",
+                            bool(lb <= 1.05 * la), f"test loss {fmt(lb)} vs {fmt(la)}"))
+    return claims
+
+
+def _render_speedup(records, scale: str, out: Path):
+    gs = sorted(group_records(records), key=lambda g: g["n"])
+    s = SETTINGS[scale]
+    lines = [f"## Figs. 1 / 6 analogue: linear speedup at constant noise sigma^2 = 0.01 (J = {s['J']} per node, "
+             f"blocks of {s['block']})", "",
+             "The paper (curves only): doubling n reaches the same loss in about half the iterations.", ""]
+    lines += md_table(["n", "K", "accuracy", "test loss"], [[str(g["n"]), str(g["K"]), acc_pm(g), fmt(g["final_loss"])]
+                                                           for g in gs])
+    fig, axes = new_axes(2)
+    plot_curves(axes[0], records, label_key="n", y="test_loss_avg", title="test loss vs iteration")
+    plot_curves(axes[1], records, label_key="n", title="accuracy vs iteration")
+    return lines, [savefig(fig, out, "speedup.png")]
+
+
 def build_runs(scale: str, table: str, seeds: list[int]):
+    if table == "fig6":
+        return _build_speedup(scale, seeds)
     return _build_tradeoff(scale, seeds) if table == "fig8" else _build_main(scale, table, seeds)
 
 
 def check_claims(records, table: str, scale: str) -> list[Claim]:
+    if table == "fig6":
+        return _claims_speedup(records)
     return _claims_tradeoff(records) if table == "fig8" else _claims_main(records, table, scale)
 
 
 def render(records, table: str, scale: str, out: Path):
+    if table == "fig6":
+        return _render_speedup(records, scale, out)
     return _render_tradeoff(records, scale, out) if table == "fig8" else _render_main(records, table, scale, out)
 
 
@@ -300,7 +358,8 @@ PAPER = Paper(
     title="PrivSGP-VR: differentially private variance-reduced stochastic gradient push",
     tables={"headline": "Fig. 7 (optimal K*) and Fig. 9 (VR vs no VR), 2-layer net",
             "fig10": "Fig. 10, PrivSGP-VR vs DP2-SGD vs A(DP)2SGD on the undirected ring",
-            "fig8": "Figs. 3/8, privacy-utility trade-off at K*(eps) and two other K"},
+            "fig8": "Figs. 3/8, privacy-utility trade-off at K*(eps) and two other K",
+            "fig6": "Figs. 1/6, linear speedup in n at constant noise"},
     default_table="headline",
     build_runs=build_runs,
     check_claims=check_claims,
