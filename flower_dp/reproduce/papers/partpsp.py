@@ -235,15 +235,89 @@ def _render_table3(records, scale: str):
     return lines
 
 
+# --------------------------------------------------------------------------------------------- Fig. 3
+#: RAS (mean real sensitivity) by d-Out degree and shared layers (spec 7.4): MLP, C' .95, lambda .55, sync 4, clip 200
+FIG3_DEG = {"smoke": (2, 4), "ci": (2, 4, 6, 8, 10), "full": (2, 3, 4, 5, 6, 7, 8, 9, 10)}
+FIG3_SPLITS = {"1 layer": ("partpsp", "partpsp1"), "2 layers": ("partpsp", "partpsp2"), "3 layers (full)": ("sgpdp", "all")}
+PAPER_FIG3 = {"1 layer": {2: 50.2, 4: 35.1, 6: 24.4, 8: 14.5, 10: 5.7},
+              "2 layers": {2: 91.5, 4: 61.5, 6: 42.0, 8: 21.9, 10: 2.4},
+              "3 layers (full)": {2: 1470, 4: 1006, 6: 634, 8: 322, 10: 16.4}}
+
+
+def _build_fig3(scale: str, seeds: list[int]):
+    s = SETTINGS[scale]
+    rounds = s["fig2_rounds"]
+    specs = []
+    for seed in seeds:
+        for label, (alg, split) in FIG3_SPLITS.items():
+            for d in FIG3_DEG[scale]:
+                specs.append(pushsum_spec(
+                    f"fig3-{split}-d{d}", {"figure": "fig3", "shared": label, "degree": d}, seed=seed,
+                    num_iters=rounds, eval_every=max(1, rounds // 4), n_nodes=s["n"], model="partpsp_mlp",
+                    dataset="fashion_mnist", samples_per_node=s["samples_per_node"], test_samples=s["test_samples"],
+                    topology="d_out", topology_kwargs={"deg": d}, algorithm=alg, checkpoint=False,
+                    params=_params(alg, split, b=5.0, sync_period=4, clip_l1=200.0, sensitivity="real")))
+    return specs
+
+
+def _ras(rec) -> float:
+    vals = [float(h["sensitivity_real"]) for h in rec.get("history", []) if "sensitivity_real" in h]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _claims_fig3(records) -> list[Claim]:
+    claims = []
+    per_key: dict[tuple, list[float]] = {}
+    for r in records:
+        per_key.setdefault((r["labels"]["shared"], r["labels"]["degree"]), []).append(_ras(r))
+    ras = {k: sum(v) / len(v) for k, v in per_key.items()}
+    degs = sorted({d for _, d in ras})
+    for label in FIG3_SPLITS:
+        vals = [ras[(label, d)] for d in degs if (label, d) in ras]
+        claims.append(Claim(f"RAS falls as the degree grows ({label})", all(a > b for a, b in zip(vals, vals[1:])),
+                            ", ".join(f"d={d}: {fmt(v)}" for d, v in zip(degs, vals))))
+    for d in degs:
+        vals = [ras.get((label, d), float("nan")) for label in FIG3_SPLITS]
+        claims.append(Claim(f"sharing more layers gives a larger RAS (d = {d})", all(a < b for a, b in zip(vals, vals[1:])),
+                            ", ".join(f"{label}: {fmt(v)}" for label, v in zip(FIG3_SPLITS, vals))))
+    return claims
+
+
+def _render_fig3(records, scale: str, out: Path):
+    s = SETTINGS[scale]
+    degs = sorted({r["labels"]["degree"] for r in records})
+    lines = [f"## Fig. 3: real average sensitivity (RAS) by d-Out degree and shared layers (MLP, N = {s['n']}, "
+             f"{s['fig2_rounds']} rounds, b = 5, sync 4, L1 clip 200)", "", "Ours / the paper's released logs (MNIST).", ""]
+    rows = []
+    fig, axes = new_axes(1)
+    for label in FIG3_SPLITS:
+        vals = []
+        for d in degs:
+            rs = [r for r in records if r["labels"]["shared"] == label and r["labels"]["degree"] == d]
+            vals.append(sum(_ras(r) for r in rs) / len(rs) if rs else float("nan"))
+        rows.append([label] + [f"{fmt(v)} / {PAPER_FIG3[label].get(d, '-')}" for d, v in zip(degs, vals)])
+        axes[0].plot(degs, vals, marker="o", label=label)
+    axes[0].set_yscale("log")
+    style(axes[0], xlabel="d-Out degree", ylabel="RAS (mean real sensitivity)", title="RAS vs degree")
+    lines += md_table(["shared"] + [f"d = {d}" for d in degs], rows)
+    return lines, [savefig(fig, out, "ras_vs_degree.png")]
+
+
 def build_runs(scale: str, table: str, seeds: list[int]):
+    if table == "fig3":
+        return _build_fig3(scale, seeds)
     return _build_table3(scale, seeds) if table == "table3" else _build_table2(scale, table, seeds)
 
 
 def check_claims(records, table: str, scale: str) -> list[Claim]:
+    if table == "fig3":
+        return _claims_fig3(records)
     return _claims_table3(records) if table == "table3" else _claims_table2(records, table, scale)
 
 
 def render(records, table: str, scale: str, out: Path):
+    if table == "fig3":
+        return _render_fig3(records, scale, out)
     if table != "table3":
         return _render_table2(records, table, scale, out)
     fig, axes = new_axes(1)
@@ -262,7 +336,8 @@ PAPER = Paper(
     name="partpsp",
     title="DPPS / PartPSP: differentially private perturbed push-sum with partial sharing",
     tables={"table2": "Table 2 row pattern on the MLP (+ Fig. 2 sensitivity)",
-            "table3": "Table 3, PartPSP-Real vs PartPSP-Esti (b = 5) on 2-Out and EXP"},
+            "table3": "Table 3, PartPSP-Real vs PartPSP-Esti (b = 5) on 2-Out and EXP",
+            "fig3": "Fig. 3, real average sensitivity by d-Out degree and shared layers"},
     default_table="table2",
     build_runs=build_runs,
     check_claims=check_claims,
