@@ -34,6 +34,7 @@ from .errors import CheckpointError
 __all__ = [
     "atomic_write_bytes",
     "write_json",
+    "read_json",
     "write_csv",
     "ensure_writable_dir",
     "save_checkpoint",
@@ -97,6 +98,14 @@ def jsonable(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return jsonable(obj.item())
     return str(obj)
+
+
+def read_json(path: str | Path) -> Any | None:
+    """The JSON document at ``path``, or None when it is missing or not valid JSON (e.g. never written)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def write_json(path: str | Path, obj: Any) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from flower_dp.errors import ConfigError
 from flower_dp.reproduce import PAPERS, get_paper, reproduce
-from flower_dp.reproduce.core import Paper, RunSpec, group_records, run_sweep
+from flower_dp.reproduce.core import Paper, group_records, run_sweep
 
 
 def _subset(paper: Paper, keep) -> Paper:
@@ -197,7 +197,8 @@ def test_index_lists_every_reproduction_with_its_claims(tmp_path):
 
     d = tmp_path / "dp-csgp"
     d.mkdir()
-    meta = {"paper": "dp-csgp", "table": "fig1-2", "scale": "ci", "command": "flower-dp reproduce dp-csgp"}
+    meta = {"paper": "dp-csgp", "table": "fig1-2", "scale": "ci", "command": "flower-dp reproduce dp-csgp",
+            "compute_time_s": 60.0, "cpu_time_s": 30.0}  # reproduce() records the sums of the runs' times
     write_json(d / "claims.json", {"meta": meta, "claims": [{"name": "a", "passed": True, "detail": ""},
                                                              {"name": "b", "passed": False, "detail": ""},
                                                              {"name": "c", "passed": None, "detail": ""}]})

@@ -10,7 +10,6 @@ reports and sweeps treat both backends alike.  Same seed and config -> the same 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     from .runner import evaluate_params
 
     out = rio.ensure_writable_dir(out_dir)
-    prev = _load(out / "results.json")
+    prev = rio.read_json(out / "results.json")
     if resume is None:
         resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
     spec = spec_from_config(cfg)
@@ -72,7 +71,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=cfg.n_nodes,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}})
-    doc = _load(out / "results.json")
+    doc = rio.read_json(out / "results.json")
     if doc is None or "strategy" not in seen:
         raise RuntimeError(f"the Flower simulation of {cfg.run['name']!r} ended without results in {str(out)!r}; "
                            "see the Flower log above")
@@ -89,10 +88,3 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     rio.write_json(out / "results.json", doc)
     rio.write_csv(out / "history.csv", doc.get("history", []))
     return doc
-
-
-def _load(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

@@ -14,6 +14,7 @@ under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import shlex
 import sys
@@ -58,7 +59,12 @@ class Reproduction:
     wall_time_s: float
 
 
-def _check(name: str, value: Any, valid: tuple | list | dict, what: str) -> None:
+def _finite_sum(values) -> float:
+    """Sum of the numbers that are there (a reused run without its CPU record counts as missing, not 0 or NaN)."""
+    return float(sum(v for v in values if isinstance(v, (int, float)) and math.isfinite(v)))
+
+
+def _check(value: Any, valid: tuple | list | dict, what: str) -> None:
     if value not in valid:
         raise ConfigError(f"unknown {what} {value!r}; valid choices are {sorted(valid)}")
 
@@ -87,9 +93,9 @@ def reproduce(
     """
     p = get_paper(paper)
     table = table or p.default_table
-    _check("table", table, p.tables, f"table for {paper} (valid: {p.tables})")
-    _check("scale", scale, SCALES, "scale")
-    _check("backend", backend, BACKENDS, "backend")
+    _check(table, p.tables, f"table for {paper} (valid: {p.tables})")
+    _check(scale, SCALES, "scale")
+    _check(backend, BACKENDS, "backend")
     n_seeds = p.default_seeds.get(scale, 1) if seeds is None else int(seeds)
     if n_seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds!r}; pass --seeds 1 or more")
@@ -115,8 +121,8 @@ def reproduce(
     summary = [{k: v for k, v in g.items() if k != "records"} for g in group_records(records)]
     rio.write_csv(out_path / "summary.csv", summary)
     meta["sweep_wall_time_s"] = wall
-    meta["compute_time_s"] = sum(float(r.get("wall_time_s", 0.0) or 0.0) for r in records)
-    meta["cpu_time_s"] = sum(float(r.get("cpu_time_s", 0.0) or 0.0) for r in records if r.get("cpu_time_s") == r.get("cpu_time_s"))
+    meta["compute_time_s"] = _finite_sum(r.get("wall_time_s") for r in records)
+    meta["cpu_time_s"] = _finite_sum(r.get("cpu_time_s") for r in records)
     rio.write_json(out_path / "claims.json", {"meta": meta, "claims": [
         {"name": c.name, "passed": c.passed, "detail": c.detail} for c in claims]})
     report = _report_md(p, meta, records, claims, tables_md, plots)

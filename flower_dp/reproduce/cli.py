@@ -14,8 +14,6 @@ def write_index(out: Path) -> Path:
     Built from the files each reproduction leaves (``*/claims.json``, ``*/records.json``), so the index also
     lists tables run one by one (``flower-dp reproduce PAPER --table T --out out/PAPER-T``).
     """
-    import json
-
     from .. import results as rio
 
     lines = ["# Reproductions", "",
@@ -23,17 +21,13 @@ def write_index(out: Path) -> Path:
              "|---|---|---|---|---|---|---|---|---|"]
     for claims_path in sorted(Path(out).glob("*/claims.json")):
         folder = claims_path.parent
-        try:
-            doc = json.loads(claims_path.read_text())
-            records = json.loads((folder / "records.json").read_text())["records"]
-        except (OSError, ValueError, KeyError):
+        doc, recs = rio.read_json(claims_path), rio.read_json(folder / "records.json")
+        if not doc or not recs:
             continue
-        meta, claims = doc["meta"], doc["claims"]
+        meta, claims, records = doc["meta"], doc["claims"], recs["records"]
         n_ok = sum(1 for c in claims if c["passed"])
         n_chk = sum(1 for c in claims if c["passed"] is not None)
-        wall = sum(float(r.get("wall_time_s") or 0) for r in records) / 60
-        cpu = sum(float(r["cpu_time_s"]) for r in records if isinstance(r.get("cpu_time_s"), (int, float))
-                  and r["cpu_time_s"] == r["cpu_time_s"]) / 60
+        wall, cpu = meta.get("compute_time_s", 0.0) / 60, meta.get("cpu_time_s", 0.0) / 60  # summed by reproduce()
         rel = f"{folder.name}/report.md"
         lines.append(f"| {meta['paper']} | {meta['table']} | {meta['scale']} | {len(records)} | {n_ok}/{n_chk} | "
                      f"{wall:.1f} | {cpu:.1f} | [{rel}]({rel}) | `{meta['command']}` |")

@@ -18,7 +18,6 @@ records.  This module does everything else, the same way for every paper:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -105,19 +104,12 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="run", disable=quiet)
 
 
-def _load_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     """Run (or resume, or reuse) one push-sum experiment; return its results document."""
     from ..experiments import config_from_dict, run_experiment
 
     cfg = config_from_dict(spec.config)
-    doc = _load_json(run_dir / "results.json")
+    doc = rio.read_json(run_dir / "results.json")
     if doc and doc.get("status") in _DONE and doc.get("config") == cfg.to_dict():
         doc["_reused"] = True
         return doc
@@ -128,7 +120,7 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     else:
         resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and bool(doc) and doc.get("config") == cfg.to_dict()
         run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
-    doc = _load_json(run_dir / "results.json")
+    doc = rio.read_json(run_dir / "results.json")
     if doc is None:
         raise RuntimeError(f"run {spec.run_id!r} wrote no results.json in {str(run_dir)!r}")
     return doc
@@ -174,7 +166,7 @@ def _note_cpu(run_dir: Path, cpu: float) -> None:
 
 
 def _read_cpu(run_dir: Path) -> float:
-    doc = _load_json(run_dir / "cpu_time.json")
+    doc = rio.read_json(run_dir / "cpu_time.json")
     return float(doc["cpu_time_s"]) if doc else float("nan")
 
 

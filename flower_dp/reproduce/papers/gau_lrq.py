@@ -73,6 +73,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
 
     import torch
 
+    from flower_dp.errors import CheckpointError
     from flower_dp.experiments.gau_lrq import ensure_secret_file, run_gau_lrq
 
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
@@ -90,7 +91,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     try:
         res = run_gau_lrq(method, out_dir=run_dir, secret_file=secret, resume=resume,
                           backend="simulation" if backend == "flower" else "inprocess", **cfg)
-    except Exception:
+    except CheckpointError:  # a checkpoint of other settings or another secret: start this run afresh
         if not resume:
             raise
         res = run_gau_lrq(method, out_dir=run_dir, secret_file=secret, resume=False,

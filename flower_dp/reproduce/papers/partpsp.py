@@ -8,7 +8,6 @@ eps is tagged heuristic (not record-level DP); the rigorous column composes the 
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 

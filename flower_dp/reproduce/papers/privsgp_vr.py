@@ -257,8 +257,8 @@ def _claims_tradeoff(records) -> list[Claim]:
 
 def _render_tradeoff(records, scale: str, out: Path):
     groups = group_records(records)
-    lines = [f"## Figs. 3 / 8 analogue: privacy-utility trade-off, K*(eps) = K*(1) eps^2 and 0.5 / 2 x K*(eps), "
-             f"sigma from eq. (11)", ""]
+    lines = ["## Figs. 3 / 8 analogue: privacy-utility trade-off, K*(eps) = K*(1) eps^2 and 0.5 / 2 x K*(eps), "
+             "sigma from eq. (11)", ""]
     rows = [[f"{g['eps']:g}", str(g["K"]), f"{g['K_over_Kstar']:g}", acc_pm(g), fmt(g["eps_rigorous"])]
             for g in sorted(groups, key=lambda g: (g["eps"], g["K"]))]
     lines += md_table(["eps (target)", "K", "K / K*(eps)", "accuracy", "eps rigorous"], rows)
