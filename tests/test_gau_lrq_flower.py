@@ -83,7 +83,8 @@ def _run(strategies: list[GauLRQ], secret_file: str, num_rounds: int) -> list:
     @server.main()
     def main(grid: Grid, context: Context) -> None:
         for s in strategies:
-            results.append(s.start(grid=grid, initial_arrays=_initial(), num_rounds=num_rounds,
+            # a lost reply ends its round after 300 s (a round takes ~1 s) instead of Flower's default hour
+            results.append(s.start(grid=grid, initial_arrays=_initial(), num_rounds=num_rounds, timeout=300,
                                    evaluate_fn=lambda r, a: MetricRecord({"accuracy": accuracy(a)})))
 
     run_simulation(server_app=server, client_app=user_client_app(secret_file), num_supernodes=N, backend_config=BACKEND)

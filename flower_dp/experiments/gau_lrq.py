@@ -221,7 +221,8 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                 lr: float = 0.01, dataset: str = "fashion_mnist", model: str = "lenet", per_class: int = 50,
                 test_samples: int = 2000, seed: int = 0, out_dir: str | os.PathLike | None = None,
                 secret_file: str | os.PathLike | None = None, backend: str = "inprocess", resume: bool = False,
-                bq_bits: int = 4, num_cpus: int = 2, client_app: ClientApp | None = None) -> dict:
+                bq_bits: int = 4, num_cpus: int = 2, client_app: ClientApp | None = None,
+                round_timeout_s: float = 600.0) -> dict:
     """Run one Gau-LRQ / baseline experiment and return its results dict (also ``out_dir/results.json``).
 
     Parameters
@@ -262,6 +263,9 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         the numbers of an uninterrupted run.
     client_app : ClientApp or None
         Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.
+    round_timeout_s : float
+        How long the server waits for a round's replies (``backend="simulation"``); a client that has
+        not replied by then is dropped from that round's average (recorded in ``rounds[k]["received"]``).
 
     Returns
     -------
@@ -282,6 +286,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                                                         ("num_rounds", num_rounds)))
     Q = check_int("local_steps", local_steps, minimum=1)
     check_positive("lr", lr)
+    check_positive("round_timeout_s", round_timeout_s)
     z = noise_multiplier
     if code != "none" and epsilon is None:
         if z is None:
@@ -317,7 +322,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
             strategy.start(grid=InProcessGrid(client_app, N), initial_arrays=initial, num_rounds=K,
                            train_config=train_cfg, evaluate_fn=ev)
     else:
-        _simulate(strategy, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus)
+        _simulate(strategy, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus, round_timeout_s)
     out = strategy.results()
     out["wall_time_s"] = time.time() - t0
     return out
@@ -329,7 +334,8 @@ def _app_with_secret(secret: bytes) -> ClientApp:
     return app
 
 
-def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus) -> None:
+def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus,
+              round_timeout_s: float) -> None:
     import ray
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
@@ -348,7 +354,8 @@ def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, tra
 
     @server.main()
     def _main(grid: Grid, context: Context) -> None:
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=K, train_config=train_cfg, evaluate_fn=ev)
+        strategy.start(grid=grid, initial_arrays=initial, num_rounds=K, train_config=train_cfg, evaluate_fn=ev,
+                       timeout=round_timeout_s)
         done.append(True)
 
     if ray.is_initialized():  # Flower's simulation must start its own Ray

@@ -43,4 +43,5 @@ def main(grid: Grid, context: Context) -> None:
     strategy = make_strategy(rc, secret_file=secret_file, out_dir=str(out))
     strategy.start(grid=grid, initial_arrays=model_to_arrays(new_model(seed=int(rc.get("seed", 0)))),
                    num_rounds=int(rc["num-rounds"]), train_config=train_config(rc),
+                   timeout=float(rc.get("round-timeout-s", 600.0)),
                    evaluate_fn=evaluate_fn(str(rc.get("dataset", "fashion_mnist")), int(rc.get("test-samples", 2000))))
