@@ -302,7 +302,9 @@ class PushSumNode:
         Returns
         -------
         g : Tensor (d,) float32
-        stats : dict with ``loss``, ``clip_fraction``, ``batch`` (realised size)
+        stats : dict with ``loss``, ``clip_fraction``, ``batch`` (realised size); ``grad_norm_mean`` (mean
+            per-sample norm before clipping) on the private path, ``grad_norm_batch`` (norm of the
+            stochastic gradient) on the non-private one
         """
         xb, yb = self.data_x[idx], self.data_y[idx]
         m = len(idx)
@@ -310,7 +312,7 @@ class PushSumNode:
             if math.isinf(clip):
                 g, loss = batch_gradient(self.model, self.loss_fn, xb, yb, params=params)
                 g = g * (m / batch_size)
-                stats = {"loss": loss, "clip_fraction": 0.0, "batch": float(m)}
+                stats = {"loss": loss, "clip_fraction": 0.0, "batch": float(m), "grad_norm_batch": float(g.norm())}
             else:
                 gsum, cs = self._clipped_sum(self.model, self.loss_fn, xb, yb, clip, params=params)
                 g = gsum / batch_size

@@ -219,13 +219,14 @@ def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan
     """
     from flower_dp.clients.registry import make_node, topology_for
     from flower_dp.experiments.runner import _loss_fn
-    from flower_dp.topology import make_topology
+    from flower_dp.topology import check_strongly_connected, make_topology
 
     train, parts = _partitions(config)
     idx = torch.as_tensor(parts[node_id], dtype=torch.long)
     topo_kw = {k: v for k, v in config["topology"].items() if k not in ("name", "n_nodes")}
-    base = make_topology(config["topology"]["name"], int(config["topology"]["n_nodes"]), **topo_kw)
+    base = make_topology(config["topology"]["name"], int(config["topology"]["n_nodes"]), check=False, **topo_kw)
     topology = topology_for(plan, base)  # DPPS family adds its sync rounds, as the in-process runner does
+    check_strongly_connected(topology)
     return make_node(plan, node_id=node_id, topology=topology, model=_new_model(config, train.num_classes),
                      loss_fn=_loss_fn, data_x=train.x[idx], data_y=train.y[idx], device=device)
 
@@ -293,12 +294,14 @@ def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], t
 
     def builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
         from flower_dp.clients.registry import topology_for
-        from flower_dp.topology import make_topology
+        from flower_dp.topology import check_strongly_connected, make_topology
 
         plan = spec["plan"]
         x, y = load_data(int(node_id), int(plan.n_nodes))
-        base = make_topology(spec["topology"], int(plan.n_nodes), **dict(spec["topology_kwargs"]))
-        return functools.partial(build_plan_node, plan=plan, topology=topology_for(plan, base), model_fn=model_fn,
+        base = make_topology(spec["topology"], int(plan.n_nodes), check=False, **dict(spec["topology_kwargs"]))
+        topology = topology_for(plan, base)
+        check_strongly_connected(topology)
+        return functools.partial(build_plan_node, plan=plan, topology=topology, model_fn=model_fn,
                                  data={int(node_id): (x, y)}, loss_fn=loss_fn)
 
     return builder

@@ -56,6 +56,9 @@ def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, monkeypatch)
     assert partial["status"] == "running" and len(partial["history"]) == 1  # results so far stay valid
     resumed = run_experiment(_cfg(), out_dir=tmp_path / "cut", resume=True)
     assert resumed.history == full.history
+    # the training CPU time carries over the stop: it only grows, and it never enters the history
+    done = json.loads((tmp_path / "cut" / "results.json").read_text())
+    assert done["train_cpu_s"] >= partial["train_cpu_s"] > 0 and "train_cpu_s" not in done["history"][-1]
     for a, b in zip(full.nodes, resumed.nodes):
         assert torch.equal(a.x, b.x) and a.w == b.w
 
@@ -83,3 +86,17 @@ def test_nan_mid_run_names_node_and_step_after_saving_the_segments_before(tmp_pa
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["status"] == "failed" and "node 2 at k=4" in doc["error"]
     assert [row["k"] for row in doc["history"]] == [3]
+
+
+def test_dpps_one_out_is_connected_by_its_sync_rounds(tmp_path):
+    """DPPS Fig. 4's 1-Out graph (self-loops only) is valid with sync rounds; without them it is refused clearly."""
+    base = {"run": {"name": "t", "seed": 0, "num_iters": 4, "eval_every": 4, "progress": False},
+            "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 32, "test_samples": 100},
+            "model": {"name": "partpsp_mlp"}, "topology": {"name": "d_out", "n_nodes": 4, "deg": 1}}
+    params = {"b": 5.0, "split": "partpsp1", "batch_size": 8, "sync_period": 2}
+    res = run_experiment(config_from_dict({**base, "algorithm": {"name": "partpsp", "params": params}}),
+                         out_dir=tmp_path / "ok")
+    assert res.status == "finished"
+    with pytest.raises(ValueError, match="not strongly connected"):
+        run_experiment(config_from_dict({**base, "algorithm": {"name": "partpsp",
+                                                               "params": {**params, "sync_period": 0}}}))

@@ -35,6 +35,8 @@ __all__ = [
     "RunSpec",
     "Claim",
     "Paper",
+    "Table",
+    "paper_of_tables",
     "SCALES",
     "BACKENDS",
     "run_sweep",
@@ -91,6 +93,33 @@ class Paper:
     differences: Callable[[str, str], list[str]]
     runners: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
     default_seeds: dict[str, int] = field(default_factory=lambda: {"smoke": 1, "ci": 1, "full": 5})
+
+
+@dataclass(frozen=True)
+class Table:
+    """One reproduction target of a paper (a table or a figure): its runs, claims, report and caveats."""
+
+    title: str
+    build: Callable[[str, list[int]], list[RunSpec]]
+    """build(scale, seeds) -> the runs"""
+    claims: Callable[[list[dict[str, Any]], str], list[Claim]]
+    """claims(records, scale) -> the paper's claims checked on our records"""
+    render: Callable[[list[dict[str, Any]], str, Path], tuple[list[str], list[str]]]
+    """render(records, scale, out) -> (markdown lines, written plot file names)"""
+    differences: Callable[[str], list[str]]
+    """differences(scale) -> one line per way our setting differs from the paper's"""
+
+
+def paper_of_tables(*, name: str, title: str, tables: dict[str, Table], default_table: str, **kw: Any) -> Paper:
+    """A :class:`Paper` whose callables dispatch on the table name to its :class:`Table`."""
+    if default_table not in tables:
+        raise ValueError(f"default_table {default_table!r} is not one of {sorted(tables)}")
+    return Paper(
+        name=name, title=title, tables={k: t.title for k, t in tables.items()}, default_table=default_table,
+        build_runs=lambda scale, table, seeds: tables[table].build(scale, seeds),
+        check_claims=lambda records, table, scale: tables[table].claims(records, scale),
+        render=lambda records, table, scale, out: tables[table].render(records, scale, out),
+        differences=lambda table, scale: tables[table].differences(scale), **kw)
 
 
 # --------------------------------------------------------------------------------------------- running
@@ -153,6 +182,7 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "synthetic_data": info.get("synthetic_data", False),
         "backend": doc.get("backend", "inprocess"),
         "wall_time_s": float(doc.get("wall_time_s", float("nan"))),
+        "train_cpu_s": float(doc.get("train_cpu_s", float("nan"))),
         "reused": bool(doc.get("_reused", False)),
     }
     rec.update(doc.get("extra_record", {}))
@@ -265,7 +295,7 @@ def group_records(records: list[dict[str, Any]], keys: list[str] | None = None) 
     for key, rs in groups.items():
         row: dict[str, Any] = dict(key)
         for field_ in ("final_acc", "best_acc", "final_loss", "bits_total", "eps_rigorous", "eps_paper",
-                       "num_iters", "wall_time_s"):
+                       "num_iters", "wall_time_s", "cpu_time_s", "train_cpu_s"):
             m, s, n = mean_std(r.get(field_, float("nan")) for r in rs)
             row[field_], row[f"{field_}_std"] = m, s
             row["n_seeds"] = n if field_ == "final_acc" else row.get("n_seeds", n)

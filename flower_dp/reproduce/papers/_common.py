@@ -7,13 +7,23 @@ from typing import Any
 
 from ..core import RunSpec, acc_pm, fmt, group_records
 
-__all__ = ["pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style", "logx"]
+__all__ = ["full_scale_only", "pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style", "logx"]
 
 
 def slug(*parts: Any) -> str:
     """A filesystem-safe run id from its parts."""
     s = "-".join(str(p) for p in parts)
     return re.sub(r"[^A-Za-z0-9_.=+-]", "_", s)
+
+
+def full_scale_only(settings: dict[str, Any], scale: str, paper: str, table: str, cost: str) -> None:
+    """Raise a clear error when ``table`` has no config at ``scale`` (a GPU-and-CIFAR-only experiment)."""
+    if scale not in settings:
+        smoke = ", or --scale smoke to check the pipeline on synthetic data" if "smoke" in settings else ""
+        raise ValueError(
+            f"{paper} --table {table} has no {scale!r} scale (valid: {', '.join(sorted(settings))}): it needs {cost}, "
+            "which 2 CPU cores cannot finish. Run --scale full on a GPU machine with the dataset on disk (set "
+            f"FLOWER_DP_DATA to a torchvision root holding cifar-10-batches-py/){smoke}")
 
 
 def pushsum_spec(
@@ -34,6 +44,7 @@ def pushsum_spec(
     topology_kwargs: dict[str, Any] | None = None,
     partition: str = "shuffle_split",
     checkpoint: bool = True,
+    model_kwargs: dict[str, Any] | None = None,
 ) -> RunSpec:
     """A :class:`RunSpec` for the in-process runner (config as :func:`config_from_dict` takes it)."""
     config = {
@@ -41,7 +52,7 @@ def pushsum_spec(
                 "checkpoint": bool(checkpoint), "progress": True},
         "data": {"dataset": dataset, "partition": partition, "samples_per_node": samples_per_node,
                  "test_samples": test_samples},
-        "model": {"name": model},
+        "model": {"name": model, **(model_kwargs or {})},
         "topology": {"name": topology, "n_nodes": int(n_nodes), **(topology_kwargs or {})},
         "algorithm": {"name": algorithm, "params": dict(params)},
     }
