@@ -34,22 +34,33 @@ __all__ = [
     "partition_sizes",
     "stratified_client_indices",
     "DATASETS",
+    "num_classes",
     "PARTITION_SCHEMES",
     "PARTITION_BACKENDS",
     "FASHION_MNIST_DIR",
 ]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-DATASETS = ("fashion_mnist", "mnist", "cifar10", "synthetic_fashion_mnist", "synthetic_mnist", "synthetic_cifar10")
+DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic_fashion_mnist", "synthetic_mnist",
+            "synthetic_cifar10", "synthetic_cifar100")
 PARTITION_SCHEMES = ("shuffle_split", "iid", "dirichlet")
 PARTITION_BACKENDS = ("builtin", "flwr_datasets")
 _STATS = {  # per-channel mean/std of the training sets
     "fashion_mnist": ((0.2860,), (0.3530,)),
     "mnist": ((0.1307,), (0.3081,)),
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
-_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32)}
-_SIZES = {"fashion_mnist": (60000, 10000), "mnist": (60000, 10000), "cifar10": (50000, 10000)}
+_SHAPES = {"fashion_mnist": (1, 28, 28), "mnist": (1, 28, 28), "cifar10": (3, 32, 32), "cifar100": (3, 32, 32)}
+_SIZES = {"fashion_mnist": (60000, 10000), "mnist": (60000, 10000), "cifar10": (50000, 10000),
+          "cifar100": (50000, 10000)}
+_CLASSES = {"fashion_mnist": 10, "mnist": 10, "cifar10": 10, "cifar100": 100}
+
+
+def num_classes(name: str) -> int:
+    """Number of classes of a dataset name (without loading it), e.g. 100 for ``"cifar100"``."""
+    check_choice("dataset", name, DATASETS)
+    return _CLASSES[name[len("synthetic_"):] if name.startswith("synthetic_") else name]
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,7 @@ def _torchvision(name: str, train: bool, root: str | None) -> tuple[tuple[np.nda
         import torchvision.datasets as tvd
     except Exception as exc:  # torchvision missing or broken beside this torch
         return None, f"torchvision import failed: {type(exc).__name__}: {exc}"
-    cls = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10"}[name]
+    cls = {"fashion_mnist": "FashionMNIST", "mnist": "MNIST", "cifar10": "CIFAR10", "cifar100": "CIFAR100"}[name]
     target = root or os.environ.get("FLOWER_DP_DATA") or str(_default_cache())
     try:
         ds = getattr(tvd, cls)(target, train=train, download=True)
@@ -160,25 +171,25 @@ def _torchvision(name: str, train: bool, root: str | None) -> tuple[tuple[np.nda
     return (np.asarray(ds.data), np.asarray(ds.targets)), ""
 
 
-_BASE_CODE = {"fashion_mnist": 1, "mnist": 2, "cifar10": 3}  # stable across processes (never hash())
+_BASE_CODE = {"fashion_mnist": 1, "mnist": 2, "cifar10": 3, "cifar100": 4}  # stable across processes (never hash())
 
 
 @functools.lru_cache(maxsize=8)
 def _synthetic(base: str, train: bool, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """A learnable stand-in with the real dataset's shapes and sizes, uint8 like the real data.
 
-    10 fixed class templates ``T_c ~ U(0, 255)`` per pixel (shared by the train and test
+    One fixed template per class ``T_c ~ U(0, 255)`` per pixel (shared by the train and test
     splits), each sample ``x = clip(T_y / 2 + N(127, 60^2) / 2, 0, 255)``, labels uniform.
     Deterministic in ``(base, train, seed)``, independent of the process.
     """
     shape = _SHAPES[base]
     n = _SIZES[base][0 if train else 1]
-    code = _BASE_CODE[base]
+    code, k = _BASE_CODE[base], _CLASSES[base]
     templates = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(code, 0))).uniform(
-        0, 255, size=(10, *shape)
+        0, 255, size=(k, *shape)
     ).astype(np.float32)
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(code, 1 if train else 2)))
-    y = rng.integers(0, 10, size=n)
+    y = rng.integers(0, k, size=n)
     x = np.empty((n, *shape), dtype=np.uint8)
     for lo in range(0, n, 5000):  # chunks keep the float32 temporaries small
         hi = min(n, lo + 5000)
@@ -199,7 +210,7 @@ def _to_dataset(x: np.ndarray, y: np.ndarray, base: str, name: str, synthetic: b
         xt = xt.permute(0, 3, 1, 2).contiguous()
     mean, std = _STATS[base]
     xt = (xt - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
-    return ArrayDataset(xt, torch.from_numpy(np.array(y, dtype=np.int64)), 10, name, synthetic)
+    return ArrayDataset(xt, torch.from_numpy(np.array(y, dtype=np.int64)), _CLASSES[base], name, synthetic)
 
 
 @functools.lru_cache(maxsize=8)
@@ -209,7 +220,7 @@ def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> A
     Parameters
     ----------
     name : str
-        One of ``fashion_mnist``, ``mnist``, ``cifar10`` or a stand-in ``synthetic_<name>``.
+        One of ``fashion_mnist``, ``mnist``, ``cifar10``, ``cifar100`` or a stand-in ``synthetic_<name>``.
     train : bool
         Training split (60,000 / 50,000 samples) or test split (10,000).
     root : str, optional
@@ -222,15 +233,16 @@ def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> A
         base = name[len("synthetic_") :]
         x, y = _synthetic(base, train)
         return _to_dataset(x, y, base, name, synthetic=True)
-    if name == "cifar10":
+    if name in ("cifar10", "cifar100"):
         arrays, reason = _torchvision(name, train, root)
         if arrays is None:
+            folder = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
             raise FileNotFoundError(
-                f"dataset 'cifar10' needs torchvision and network access, got {reason}; or pass as root a "
-                "torchvision root that already holds cifar-10-batches-py/, or ask for 'synthetic_cifar10' for a "
-                "clearly labelled stand-in"
+                f"dataset {name!r} needs torchvision and network access, got {reason}; or pass as root (or set "
+                f"FLOWER_DP_DATA to) a torchvision root that already holds {folder}/, or ask for "
+                f"'synthetic_{name}' for a clearly labelled stand-in"
             )
-        return _to_dataset(*arrays, "cifar10", "cifar10", synthetic=False)
+        return _to_dataset(*arrays, name, name, synthetic=False)
     x, y = _load_mnist_like(name, train, root)
     return _to_dataset(x, y, name, name, synthetic=False)
 

@@ -190,6 +190,8 @@ def test_mnist_and_cifar_without_network_say_how_to_get_them(tmp_path, monkeypat
         D.load_dataset("mnist", root=str(tmp_path))
     with pytest.raises(FileNotFoundError, match="'cifar10' needs torchvision.*got URLError.*'synthetic_cifar10'"):
         D.load_dataset("cifar10", root=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="'cifar100' needs.*FLOWER_DP_DATA.*cifar-100-python/.*'synthetic_cifar100'"):
+        D.load_dataset("cifar100", root=str(tmp_path))
     D._load_mnist_like.cache_clear()
     D.load_dataset.cache_clear()
 
@@ -230,3 +232,16 @@ def test_flwr_datasets_backend_errors(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_fds)
     with pytest.raises(ImportError, match="needs the flwr-datasets package.*pip install flwr-datasets"):
         partition(np.zeros(10), 2, scheme="dirichlet", backend="flwr_datasets")
+
+
+def test_cifar100_stand_in_has_100_classes_and_models_follow():
+    """CIFAR-100 (Gau-LRQ Table IV): 100 classes end to end, from the dataset to the model's head."""
+    from flower_dp.data import num_classes
+    from flower_dp.experiments.gau_lrq import new_model
+
+    d = load_dataset("synthetic_cifar100", train=False)
+    assert d.num_classes == 100 == num_classes("cifar100") and int(d.y.max()) == 99 and d.x.shape == (10000, 3, 32, 32)
+    assert num_classes("synthetic_fashion_mnist") == 10
+    assert new_model("resnet34_cifar_gn", num_classes=100)(d.x[:2]).shape == (2, 100)
+    with pytest.raises(ValueError, match="cifar1000"):
+        num_classes("cifar1000")

@@ -249,6 +249,10 @@ def test_full_scale_only_experiments_have_the_papers_settings():
     assert [s.config.get("tau") for s in gl if s.config["method"] == "dynamic-gau-lrq"] == [0.98]
     with pytest.raises(ValueError, match="has no 'ci' scale.*FLOWER_DP_DATA"):
         get_paper("gau-lrq").build_runs("ci", "table4-cifar10", [0])
+    g100 = get_paper("gau-lrq").build_runs("full", "table4-cifar100", [0])
+    assert {(s.config["num_clients"], s.config["num_rounds"], s.config["dataset"], s.config["per_class"])
+            for s in g100} == {(48000, 98, "cifar100", 8)}
+    assert {s.config["epsilon"] for s in g100 if s.config["method"] != "local-sgd"} == {70.0}
 
 
 @pytest.mark.slow

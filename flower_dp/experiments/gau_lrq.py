@@ -37,7 +37,7 @@ from flwr.common.constant import ErrorCode
 
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
-from flower_dp.data import load_dataset, stratified_client_indices
+from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
 from flower_dp.results import ensure_writable_dir, write_json
 from flower_dp.strategies.baselines import client_level_epsilon
@@ -71,9 +71,9 @@ def resolve_method(name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # The user's side: plain PyTorch, nothing about privacy
 # ----------------------------------------------------------------------------------------------
-def new_model(name: str = "lenet", seed: int = 0) -> torch.nn.Module:
+def new_model(name: str = "lenet", seed: int = 0, num_classes: int = 10) -> torch.nn.Module:
     """LeNet-5 (spec §8.2, 61,706 parameters) or another :func:`flower_dp.models.build_model` name."""
-    return build_model(name, seed=seed)
+    return build_model(name, seed=seed, num_classes=num_classes)
 
 
 def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
@@ -126,9 +126,11 @@ def seed_for(seed: int, pid: int, rnd: int) -> int:
 def train(msg: Message, context: Context) -> Message:
     """A Flower train function as a user writes it: Q local steps, reply with the new weights."""
     rc, pid = msg.content["config"], int(context.node_config["partition-id"])
-    model = arrays_to_model(msg.content["arrays"], new_model(str(rc.get("model", "lenet"))))
+    dataset = str(rc.get("dataset", "fashion_mnist"))
+    model = arrays_to_model(msg.content["arrays"], new_model(str(rc.get("model", "lenet")),
+                                                             num_classes=num_classes(dataset)))
     seed = int(rc.get("seed", 0))
-    x, y = client_data(str(rc.get("dataset", "fashion_mnist")), pid, int(rc.get("per-class", 50)), seed)
+    x, y = client_data(dataset, pid, int(rc.get("per-class", 50)), seed)
     rnd = int(rc["server-round"])
     loss = local_train(model, x, y, steps=int(rc.get("local-steps", 16)), lr=float(rc.get("lr", 0.01)),
                        seed=seed_for(seed, pid, rnd))
@@ -148,7 +150,7 @@ def evaluate_fn(dataset: str, n: int, model: str = "lenet"):
     """Server-side evaluation on the first ``n`` test images: ``(round, arrays) -> MetricRecord``."""
 
     def fn(rnd: int, arrays: ArrayRecord) -> MetricRecord:
-        acc, loss = evaluate(arrays_to_model(arrays, new_model(model)), dataset, n)
+        acc, loss = evaluate(arrays_to_model(arrays, new_model(model, num_classes=num_classes(dataset))), dataset, n)
         return MetricRecord({"accuracy": acc, "loss": loss})
 
     return fn
@@ -311,7 +313,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                       stream_nonce=f"{name}-seed-{int(seed)}")  # public; a new secret file per run for fresh streams
     train_cfg = ConfigRecord({"dataset": dataset, "model": model, "per-class": int(per_class), "local-steps": Q,
                               "lr": float(lr), "seed": int(seed)})
-    initial = model_to_arrays(new_model(model, int(seed)))
+    initial = model_to_arrays(new_model(model, int(seed), num_classes=num_classes(dataset)))
     ev = evaluate_fn(dataset, int(test_samples), model)
     t0 = time.time()
     if backend == "inprocess":

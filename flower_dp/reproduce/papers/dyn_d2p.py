@@ -404,9 +404,11 @@ def _claims_fig1(records, scale: str) -> list[Claim]:
             continue
         first, last = ys[0], ys[-1]
         if alg == "Non-private":
+            peak = max(ys)
             claims.append(Claim(f"the nodes' stochastic gradient norm decays during training (seed {r['seed']})",
                                 bool(last < 0.8 * first), f"first segment {fmt(first)}, last {fmt(last)} "
-                                f"({100 * (last / first - 1):+.0f} %)"))
+                                f"({100 * (last / first - 1):+.0f} %); peak {fmt(peak)} at k = "
+                                f"{int(curve(r, key)[0][ys.index(peak)])}, {100 * (last / peak - 1):+.0f} % from it"))
             claims.append(Claim(f"it ends below the constant clip bound Cbar = {cbar:g} (seed {r['seed']})",
                                 bool(last < cbar), f"last segment {fmt(last)}"))
         else:
@@ -436,9 +438,9 @@ def _render_fig1(records, scale: str, out: Path):
             rows += [[str(r["seed"]), str(int(k)), "-", fmt(v), fmt(m)] for k, v, m in list(zip(ks, ys, means))[::step]]
             axes[1].plot(ks, ys, marker="o", ms=3, label=f"Const-D2P eps 3, seed {r['seed']}")
     axes[0].axhline(cbar, ls=":", color="gray", label=f"constant clip Cbar = {cbar:g}")
-    style(axes[0], xlabel="iteration k", ylabel="stochastic gradient norm", title="non-private: gradient norm decays")
+    style(axes[0], xlabel="iteration k", ylabel="stochastic gradient norm", title="non-private: mini-batch gradient norm")
     style(axes[1], xlabel="iteration k", ylabel="fraction of per-sample gradients clipped",
-          title=f"Const-D2P: a constant clip Cbar = {cbar:g} grows loose")
+          title=f"Const-D2P: per-sample gradients clipped at Cbar = {cbar:g}")
     lines += md_table(["seed", "iteration k", "mini-batch gradient norm (non-private)",
                        "clipped fraction (Const-D2P)", "mean per-sample norm (Const-D2P)"], rows)
     return lines, [savefig(fig, out, "gradient_norms.png")]

@@ -514,12 +514,12 @@ def _render_table4(records, scale: str, out: Path):
     lines += md_table(["algorithm", "graph", "accuracy", "paper acc (%)", "compute (s)", "comm (s)", "time (s)",
                        "paper MLP time (s)", "ResNet-18 comm, model (s)", "paper ResNet-18 time (s)"], table)
     fig, axes = new_axes(2)
-    for a in T4_ALGS:
+    for i, a in enumerate(T4_ALGS):
         xs = [t for t in topos if (a, t) in rows]
-        axes[0].plot(xs, [rows[(a, t)]["time"] for t in xs], marker="o", label=a)
-        axes[1].plot(xs, [rows[(a, t)]["resnet_comm"] for t in xs], marker="o", label=f"{a} (model)")
+        axes[0].plot(xs, [rows[(a, t)]["time"] for t in xs], marker="o", color=f"C{i}", label=a)
+        axes[1].plot(xs, [rows[(a, t)]["resnet_comm"] for t in xs], marker="o", color=f"C{i}", label=f"{a} (model)")
         axes[1].plot([t for t in xs if t in PAPER_T4[a]], [PAPER_T4[a][t][2] for t in xs if t in PAPER_T4[a]],
-                     ls=":", marker="x", label=f"{a} (paper, total)")
+                     ls=":", marker="x", color=f"C{i}", label=f"{a} (paper, total)")
     style(axes[0], xlabel="graph", ylabel="time (s)", title="MLP: compute + communication at 1 Gbps")
     style(axes[1], xlabel="graph", ylabel="time (s)", title=f"ResNet-18, {PAPER_ROUNDS} rounds: communication at 1 Gbps")
     return lines, [savefig(fig, out, "time_vs_graph.png")]
