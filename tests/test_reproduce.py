@@ -309,3 +309,18 @@ def test_dyn_d2p_fig1_and_fig4_record_what_they_plot(tmp_path):
     assert len(recs) == 5 and max(eps) <= 1.0 * (1 + 1e-6)
     lines, plots = paper.render(recs, "fig4", "smoke", tmp_path / "f4")
     assert plots == ["accuracy_grid.png"] and any("1/rho_c" in ln for ln in lines)
+
+
+def test_reproduce_help_lists_every_table(capsys):
+    """`flower-dp reproduce --help` names every paper's tables, the default first."""
+    from flower_dp.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["reproduce", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for name in PAPERS:
+        paper = get_paper(name)
+        block = out.split(f"  {name}:\n", 1)[1]
+        assert block.split("\n", 1)[0].split()[0] == paper.default_table
+        assert all(f"    {t} " in out for t in paper.tables)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 
 __all__ = ["register", "write_index"]
@@ -60,17 +61,45 @@ def _cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tables_epilog() -> str:
+    """Every paper's tables and figures, for ``--help``."""
+    from . import PAPERS, get_paper
+
+    lines = ["tables and figures (--table; the first is the default):"]
+    for name in sorted(PAPERS):
+        paper = get_paper(name)
+        order = [paper.default_table] + [t for t in paper.tables if t != paper.default_table]
+        lines.append(f"  {name}:")
+        lines += [f"    {t:<16} {paper.tables[t]}" for t in order]
+    return "\n".join(lines)
+
+
+class _HelpWithTables(argparse.Action):
+    """``-h``: the help with every paper's tables (built only when asked: it imports the paper modules)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.epilog = _tables_epilog()
+        parser.print_help()
+        parser.exit()
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from . import PAPERS
 
     p = sub.add_parser(
         "reproduce",
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="reproduce a paper's headline experiment and write a report beside the paper's table",
-        description="Run a paper's headline experiment at a chosen scale (smoke: tests; ci: minutes on 2 CPU "
+        description=textwrap.fill("Run a paper's headline experiment at a chosen scale (smoke: tests; ci: minutes on 2 CPU "
                     "cores; full: the paper's setting), resuming any finished or interrupted runs in --out, "
                     "then write records (JSON/CSV), plots (PNG) and report.md.  'all' runs the five papers' "
-                    "headline tables into --out/<paper>/ and writes --out/README.md.",
+                    "headline tables into --out/<paper>/ and writes --out/README.md.", width=79),
     )
+    p.add_argument("-h", "--help", action=_HelpWithTables, help="show this help and every paper's tables, then exit")
     p.add_argument("paper", choices=sorted(PAPERS) + ["all"], help="which paper (or all)")
     p.add_argument("--table", default=None, help="which table/figure (default: the headline one)")
     p.add_argument("--scale", default="ci", choices=["smoke", "ci", "full"])
