@@ -83,7 +83,7 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
 
     out = tmp_path / "csgp"
     rep = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, command="flower-dp reproduce dp-csgp --scale smoke")
-    for f in ("records.json", "records.csv", "summary.csv", "report.md", "accuracy_vs_bits.png"):
+    for f in ("records.json", "records.csv", "summary.csv", "report.md", "accuracy_vs_bits.png", "learning_curves.png"):
         assert (out / f).is_file(), f
     assert (out / "accuracy_vs_bits.png").read_bytes()[:4] == b"\x89PNG"
     doc = json.loads((out / "records.json").read_text())
@@ -95,6 +95,7 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert "flower-dp reproduce dp-csgp --scale smoke" in report and "## Claims" in report
     assert "eps rigorous" in report and "![accuracy_vs_bits.png](accuracy_vs_bits.png)" in report
+    assert "![learning_curves.png](learning_curves.png)" in report          # accuracy and loss vs iteration
     claims = {c.name: c for c in rep.claims}
     bits_claim = [c for n, c in claims.items() if "fewer bits" in n]
     assert bits_claim and "0.50x" in bits_claim[0].detail                    # rand50 sends half the bits

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import results as rio
 from ..errors import ConfigError
-from .core import BACKENDS, SCALES, Claim, Paper, RunSpec, group_records, machine_string, run_sweep
+from .core import BACKENDS, SCALES, Claim, Paper, RunSpec, group_records, machine_string, plot_learning_curves, run_sweep
 
 __all__ = ["PAPERS", "reproduce", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
 
@@ -118,6 +118,9 @@ def reproduce(
     wall = time.perf_counter() - t0
     claims = p.check_claims(records, table, scale)
     tables_md, plots = p.render(records, table, scale, out_path)
+    curves = plot_learning_curves(records, out_path)  # accuracy and loss vs iteration, for every reproduction
+    if curves and curves not in plots:
+        plots = [*plots, curves]
     summary = [{k: v for k, v in g.items() if k != "records"} for g in group_records(records)]
     rio.write_csv(out_path / "summary.csv", summary)
     meta["sweep_wall_time_s"] = wall

@@ -41,6 +41,7 @@ __all__ = [
     "BACKENDS",
     "run_sweep",
     "group_records",
+    "plot_learning_curves",
     "fmt",
     "mean_std",
 ]
@@ -359,3 +360,40 @@ def curve(rec: dict[str, Any], y: str = "acc_avg", x: str = "k") -> tuple[list[f
             xs.append(float(h[x]))
             ys.append(float(h[y]))
     return xs, ys
+
+
+def plot_learning_curves(records: list[dict[str, Any]], out: Path, name: str = "learning_curves.png",
+                         max_series: int = 24) -> str | None:
+    """Test accuracy and test loss vs iteration for every run of a reproduction (mean over seeds).
+
+    One line per distinct label set; ``None`` when no run recorded a curve or there are too many
+    series for a readable legend.
+    """
+    groups = group_records(records)
+    series = []
+    for g in groups:
+        keys = sorted(g["records"][0]["labels"], key=lambda k: (k != "algorithm", k))
+        label = ", ".join(str(g[k]) if k == "algorithm" else f"{k} {g[k]}" for k in keys if k != "figure")
+        per_y = {}
+        for y in ("acc_avg", "test_loss_avg"):
+            runs = [curve(r, y) for r in g["records"]]
+            runs = [c for c in runs if len(c[0]) >= 2]
+            if runs:
+                n = min(len(c[0]) for c in runs)
+                per_y[y] = (runs[0][0][:n], np.mean([c[1][:n] for c in runs], axis=0))
+        if per_y:
+            series.append((label, per_y))
+    if not series or len(series) > max_series:
+        return None
+    panels = [y for y in ("acc_avg", "test_loss_avg") if any(y in p for _, p in series)]
+    fig, axes = new_axes(len(panels))
+    for ax, y in zip(axes, panels):
+        for label, per_y in series:
+            if y in per_y:
+                ax.plot(*per_y[y], marker="o", ms=2, label=label)
+        ax.set_xlabel("iteration k (federated: round)")
+        ax.set_ylabel({"acc_avg": "test accuracy", "test_loss_avg": "test loss"}[y])
+        ax.set_title({"acc_avg": "accuracy vs iteration", "test_loss_avg": "loss vs iteration"}[y], fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    return savefig(fig, out, name)
