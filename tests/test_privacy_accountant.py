@@ -71,6 +71,29 @@ def test_bucketing_never_below_exact_and_within_one_percent():
     assert rdp_fast.rdp_epsilon(0.01, nus, 1, 1e-5) > exact
 
 
+def test_auto_grid_is_uniform_in_inverse_square_noise_and_only_rounds_down():
+    """"auto": at most MAX_BUCKETS levels, equally spaced in nu^-2, each step's nu rounded down (never up);
+    two sampling rates share the budget of levels; exact merging when few levels."""
+    from flower_dp.privacy.accountant import MAX_BUCKETS
+
+    nus = 0.5 + 1.5 * np.arange(500) / 500
+    for qs in ((0.01,), (0.01, 0.02)):
+        steps = [GaussianStep(qs[i % len(qs)], float(v)) for i, v in enumerate(nus)]
+        out = bucket_steps(steps)
+        assert len(out) <= MAX_BUCKETS and sum(s.count for s in out) == 500
+        for q in qs:
+            grid = sorted({s.nu for s in out if s.q == q})
+            u = np.sort(np.asarray(grid) ** -2.0)
+            gaps = np.diff(u)
+            assert np.allclose(gaps / gaps.min(), np.round(gaps / gaps.min()), atol=1e-6)  # points of one lattice
+            mine = [v for i, v in enumerate(nus) if qs[i % len(qs)] == q]
+            assert nus.min() - 1e-12 <= min(grid) <= min(mine) and max(grid) <= max(mine)  # one grid for all rates
+            for v in mine:  # every step lands on a grid point at or below its own noise
+                assert any(g <= v * (1 + 1e-12) for g in grid)
+    few = [GaussianStep(0.01, float(v)) for v in nus[:MAX_BUCKETS]]
+    assert sorted(s.nu for s in bucket_steps(few)) == sorted(float(v) for v in nus[:MAX_BUCKETS])
+
+
 def test_dynamic_schedule_of_3000_steps_is_fast():
     """3,000 distinct levels are accounted in seconds (bucketed), and the bound is above the exact RDP value."""
     nus = 0.8 * 2.5 ** (-np.arange(3000) / 3000) + 0.6

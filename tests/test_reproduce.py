@@ -325,3 +325,22 @@ def test_reproduce_help_lists_every_table(capsys):
         block = out.split(f"  {name}:\n", 1)[1]
         assert block.split("\n", 1)[0].split()[0] == paper.default_table
         assert all(f"    {t} " in out for t in paper.tables)
+
+
+def test_partpsp_table2_full_grid_and_its_aggregate_claims():
+    """Full scale is the paper's whole Table 2 for MLP and ResNet-18 (4 algorithms x b in {1,2,3,NoDP} x 4 graphs);
+    the claims there are the paper's aggregates (best in most cells, mean private ordering)."""
+    paper = get_paper("partpsp")
+    specs = [s for s in paper.build_runs("full", "table2", [0]) if s.labels["figure"] == "table2"]
+    assert len(specs) == 2 * 4 * 4 * 4
+    res = [s for s in specs if s.labels["model"] == "ResNet-18" and s.labels["algorithm"] == "PartPSP-2"]
+    assert {s.config["algorithm"]["params"]["lr"] for s in res} == {0.001}
+    assert {s.config["algorithm"]["params"]["clip_l1"] for s in res} == {100.0}
+    rank = {"PartPSP-1": 0.8, "PartPSP-2": 0.6, "SGPDP": 0.5, "PEDFL": 0.4}
+    recs = [{"labels": s.labels, "seed": 0, "final_acc": rank[s.labels["algorithm"]] + (0.1 if s.labels["b"] == "NoDP"
+                                                                                     else 0.0)} for s in specs]
+    claims = {c.name: c for c in paper.check_claims(recs, "table2", "full")}
+    best = claims["PartPSP-1 is the best private method in most cells (paper: 33 of 36)"]
+    assert best.passed and best.detail == "24 of 24 cells"
+    assert [c for n, c in claims.items() if n.startswith("mean private accuracy")][0].passed
+    assert claims["PEDFL: privacy costs accuracy (NoDP > b = 3)"].detail == "NoDP above b = 3 in 8 of 8 cells"
