@@ -16,7 +16,6 @@ from flower_dp.privacy import (
     gau_lrq_calibration,
     paper,
     privsgp_vr_calibration,
-    rdp_fast,
     rigorous_epsilon,
 )
 

@@ -239,6 +239,19 @@ def test_full_scale_only_experiments_have_the_papers_settings():
     assert (cfg["model"]["name"], cfg["data"]["dataset"], cfg["topology"]["n_nodes"]) == ("resnet18_cifar_gn", "cifar10", 16)
     assert cfg["algorithm"]["params"]["epsilon"] == 3.0 and cfg["data"]["samples_per_node"] == 3125
 
+    f1 = pv.build_runs("full", "fig1", [0])
+    assert sorted(s.config["topology"]["n_nodes"] for s in f1) == [8, 16, 32, 64]
+    assert all(s.config["algorithm"]["params"]["noise_std"] == pytest.approx(math.sqrt(0.03)) for s in f1)
+    f3 = pv.build_runs("full", "fig3", [0])
+    assert sorted({s.labels["eps"] for s in f3}) == [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0] and len(f3) == 21
+    at3 = [s.labels["K"] for s in f3 if s.labels["eps"] == 3.0 and s.labels["K_over_Kstar"] == 1.0]
+    assert at3 == [3120]                                                     # K*(eps = 3) on CIFAR
+    f4 = pv.build_runs("full", "fig4", [0])
+    assert sorted(s.labels["algorithm"] for s in f4) == ["PrivSGP", "PrivSGP-VR"]
+    f5 = pv.build_runs("full", "fig5", [0])
+    assert {s.config["topology"]["name"] for s in f5} == {"undirected_ring"} and len(f5) == 3
+    assert {s.config["model"]["name"] for s in f1 + f3 + f4 + f5} == {"resnet18_cifar_gn"}
+
     dc = get_paper("dp-csgp").build_runs("full", "fig3-4", [0])
     assert {s.labels["eps"] for s in dc} == {10.0, 3.0, 1.0}
     assert {s.config["model"]["name"] for s in dc} == {"resnet18_cifar_gn"}

@@ -318,7 +318,6 @@ def _conv2d(mod: nn.Conv2d, ins: list[torch.Tensor], gs: list[torch.Tensor], wan
 
 
 def _norm_layer(mod: nn.Module, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    b = ins[0].shape[0]
     pw = 0
     pb = 0
     for x, g in zip(ins, gs):

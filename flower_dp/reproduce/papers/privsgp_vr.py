@@ -85,6 +85,8 @@ def k_star(scale: str) -> tuple[float, dict[str, float]]:
     from flower_dp.privacy import paper
 
     s = SETTINGS[scale]
+    if scale.startswith("cifar-"):  # the paper's reported ResNet-18 / CIFAR-10 constants (spec 4.3)
+        return fig2_k_star(s["n"], s["J"], s["eps"]), dict(FIG2_CONST)
     c = estimate_kstar_constants(MODEL, "fashion_mnist", s["n"], s["J"])
     K = paper.k_star_privsgp_vr(s["eps"], DELTA, J=s["J"], n_nodes=s["n"], A=c["A"], L=c["L"], d=c["d"], G=s["G"],
                                 c2=C2)
@@ -92,8 +94,8 @@ def k_star(scale: str) -> tuple[float, dict[str, float]]:
 
 
 def _common(s, **kw):
-    return dict(n_nodes=s["n"], model=MODEL, dataset="fashion_mnist", samples_per_node=s["J"],
-                test_samples=s["test_samples"], **kw)
+    return dict(n_nodes=s["n"], model=s.get("model", MODEL), dataset=s.get("dataset", "fashion_mnist"),
+                samples_per_node=s["J"], test_samples=s["test_samples"], model_kwargs=s.get("model_kwargs"), **kw)
 
 
 def _build_main(scale: str, table: str, seeds: list[int]):
@@ -116,7 +118,8 @@ def _build_main(scale: str, table: str, seeds: list[int]):
                     f"fig9-{alg}", {"figure": "fig9", "algorithm": label, "K": s["vr_K"], "K_star": None},
                     seed=seed, num_iters=s["vr_K"], eval_every=s["vr_eval"], topology="exp_one_peer", algorithm=alg,
                     checkpoint=False,  # the VR table (J/b x d per node) would make every checkpoint GBs
-                    params={**base, "batch_size": s["vr_block"], "noise_std": math.sqrt(0.01)}, **_common(s)))
+                    params={**base, "batch_size": s["vr_block"], "noise_std": math.sqrt(s.get("sigma2", 0.01))},
+                    **_common(s)))
     else:  # fig10: the baselines on the undirected ring at equal (eps, delta), rigorous calibration
         for seed in seeds:
             for alg, label, extra in (("privsgp_vr", "PrivSGP-VR", {}), ("dp2_sgd", "DP2-SGD", {}),
@@ -173,7 +176,7 @@ def _render_main(records, table: str, scale: str, out: Path):
     s = SETTINGS[scale]
     lines = []
     plots = []
-    if table == "headline":
+    if table == "headline" and any(g["figure"] == "fig7" for g in groups):
         fig7 = sorted([g for g in groups if g["figure"] == "fig7"], key=lambda g: g["K"])
         K_star, c = k_star(scale)
         lines += [f"## Fig. 7 analogue: accuracy vs K at (eps, delta) = ({s['eps']:g}, {DELTA:g}), sigma from eq. (11)", "",
@@ -203,7 +206,8 @@ def _render_main(records, table: str, scale: str, out: Path):
                     title="accuracy vs iteration for each K (eq. 11 noise)")
         plots.append(savefig(fig, out, "accuracy_vs_iteration.png"))
     else:
-        lines += [f"## Fig. 10 analogue: undirected ring, n = {s['n']}, (eps, delta) = ({s['eps']:g}, {DELTA:g}), "
+        lines += [f"## Figs. 5 / 10 analogue ({s.get('model', MODEL)} on {s.get('dataset', 'fashion_mnist')}): "
+                  f"undirected ring, n = {s['n']}, (eps, delta) = ({s['eps']:g}, {DELTA:g}), "
                   f"K = {s['baseline_K']}, rigorous calibration", ""]
         lines += md_table(["algorithm", "accuracy", "test loss", "eps rigorous"],
                           [[g["algorithm"], acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_rigorous"])] for g in groups])
@@ -276,7 +280,7 @@ SPEEDUP_N = {"smoke": (2, 4), "ci": (5, 10, 20), "full": (25, 50, 100)}
 def _build_speedup(scale: str, seeds: list[int]):
     s = SETTINGS[scale]
     K = s["vr_K"]
-    base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA, noise_std=math.sqrt(0.01))
+    base = dict(batch_size=s["block"], G=s["G"], lr=s["lr"], delta=DELTA, noise_std=math.sqrt(s.get("sigma2", 0.01)))
     return [pushsum_spec(f"fig6-n{n}", {"figure": "fig6", "n": n, "K": K}, seed=seed, num_iters=K,
                          eval_every=max(1, K // 4), topology="exp_one_peer", algorithm="privsgp_vr", checkpoint=False,
                          params=base, **dict(_common(s), n_nodes=n))
@@ -309,8 +313,9 @@ def _claims_speedup(records) -> list[Claim]:
 def _render_speedup(records, scale: str, out: Path):
     gs = sorted(group_records(records), key=lambda g: g["n"])
     s = SETTINGS[scale]
-    lines = [f"## Figs. 1 / 6 analogue: linear speedup at constant noise sigma^2 = 0.01 (J = {s['J']} per node, "
-             f"blocks of {s['block']})", "",
+    lines = [f"## Figs. 1 / 6 analogue: linear speedup at constant noise sigma^2 = {s.get('sigma2', 0.01):g} "
+             f"({s.get('model', MODEL)} on {s.get('dataset', 'fashion_mnist')}, J = {s['J']} per node, blocks of "
+             f"{s['block']})", "",
              "The paper (curves only): doubling n reaches the same loss in about half the iterations.", ""]
     lines += md_table(["n", "K", "accuracy", "test loss"], [[str(g["n"]), str(g["K"]), acc_pm(g), fmt(g["final_loss"])]
                                                            for g in gs])
@@ -422,6 +427,77 @@ def differences(table: str, scale: str) -> list[str]:
     ]
 
 
+# --------------------------------------------------------------------------------------------- CIFAR twins
+#: The ResNet-18 / CIFAR-10 twins of Figs. 6 / 8 / 9 / 10 (the paper's Figs. 1 / 3 / 4 / 5): n = 16, J = 3125,
+#: eps = 3, sigma^2 = 0.03 where the noise is fixed, the paper's constants for K*.  Full scale only; smoke runs the
+#: same grids on a synthetic CIFAR-shaped task with a linear model.  Registered as scales "cifar-<scale>".
+SETTINGS["cifar-full"] = dict(n=16, J=3125, block=125, G=10.0, eps=3.0, lr=0.05, vr_K=3000, vr_eval=250, vr_block=125,
+                              test_samples=None, k_min=5, k_max=20000, baseline_K=3000, sigma2=0.03,
+                              model="resnet18_cifar_gn", dataset="cifar10", model_kwargs=None)
+SETTINGS["cifar-smoke"] = dict(n=4, J=64, block=8, G=10.0, eps=3.0, lr=0.05, vr_K=4, vr_eval=2, vr_block=8,
+                               test_samples=128, k_min=2, k_max=45, baseline_K=4, sigma2=0.03, model="logreg",
+                               dataset="synthetic_cifar10", model_kwargs={"in_features": 3 * 32 * 32})
+SPEEDUP_N.update({"cifar-full": (8, 16, 32, 64), "cifar-smoke": (2, 4)})
+TRADEOFF_EPS.update({"cifar-full": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0), "cifar-smoke": (2.0, 3.0)})
+K_RATIOS_EXTRA.update({"cifar-full": (), "cifar-smoke": ()})
+_CIFAR_COST = {"fig1": "ResNet-18 on CIFAR-10 with up to 64 nodes", "fig3": "21 ResNet-18 / CIFAR-10 runs of up to "
+               "12,500 iterations", "fig4": "ResNet-18 on CIFAR-10 for 3,000 iterations, twice",
+               "fig5": "three ResNet-18 / CIFAR-10 runs of 3,000 iterations"}
+
+
+def _cifar(table: str, scale: str) -> str:
+    full_scale_only({"smoke": 1, "full": 1}, scale, "privsgp-vr", table, _CIFAR_COST[table])
+    return f"cifar-{scale}"
+
+
+def _render_vr(records, scale: str, out: Path):
+    s = SETTINGS[scale]
+    groups = group_records(records)
+    lines = [f"## Fig. 4: VR vs no VR at equal noise (sigma^2 = {s['sigma2']:g}), K = {s['vr_K']}, n = {s['n']}, "
+             f"{s['model']} on {s['dataset']}", ""]
+    lines += md_table(["algorithm", "accuracy", "test loss", "eps rigorous"],
+                      [[g["algorithm"], acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_rigorous"])] for g in groups])
+    fig, axes = new_axes(1)
+    plot_curves(axes[0], records, label_key="algorithm", title="VR vs no VR, equal noise")
+    return lines, [savefig(fig, out, "accuracy_vs_iteration.png")]
+
+
+def _cifar_differences(table: str, scale: str) -> list[str]:
+    s = SETTINGS[_cifar(table, scale)]
+    out = [f"ResNet-18 with GroupNorm (d = 11,173,962, as the paper's), blocks of b = {s['block']} samples for the VR "
+           "table, constant lr for every K (the paper does not report its step size)."]
+    if s["dataset"] != "cifar10":
+        out.insert(0, "Smoke scale: a synthetic CIFAR-shaped task and a linear model: the pipeline, not the claims.")
+    return out
+
+
+def _cifar_tables() -> dict[str, Table]:
+    def vr_only(scale, seeds):
+        return [r for r in _build_main(_cifar("fig4", scale), "headline", seeds) if r.labels["figure"] == "fig9"]
+
+    return {
+        "fig1": Table("Fig. 1, linear speedup on ResNet-18 / CIFAR-10 (full scale)",
+                      lambda scale, seeds: _build_speedup(_cifar("fig1", scale), seeds),
+                      lambda records, scale: _claims_speedup(records),
+                      lambda records, scale, out: _render_speedup(records, _cifar("fig1", scale), out),
+                      lambda scale: _cifar_differences("fig1", scale)),
+        "fig3": Table("Fig. 3, privacy-utility trade-off on ResNet-18 / CIFAR-10 (full scale)",
+                      lambda scale, seeds: _build_tradeoff(_cifar("fig3", scale), seeds),
+                      lambda records, scale: _claims_tradeoff(records),
+                      lambda records, scale, out: _render_tradeoff(records, _cifar("fig3", scale), out),
+                      lambda scale: _cifar_differences("fig3", scale)),
+        "fig4": Table("Fig. 4, VR vs no VR on ResNet-18 / CIFAR-10 (full scale)", vr_only,
+                      lambda records, scale: _claims_main(records, "headline", _cifar("fig4", scale)),
+                      lambda records, scale, out: _render_vr(records, _cifar("fig4", scale), out),
+                      lambda scale: _cifar_differences("fig4", scale)),
+        "fig5": Table("Fig. 5, PrivSGP-VR vs DP2-SGD vs A(DP)2SGD on ResNet-18 / CIFAR-10 (full scale)",
+                      lambda scale, seeds: _build_main(_cifar("fig5", scale), "fig10", seeds),
+                      lambda records, scale: _claims_main(records, "fig10", _cifar("fig5", scale)),
+                      lambda records, scale, out: _render_main(records, "fig10", _cifar("fig5", scale), out),
+                      lambda scale: _cifar_differences("fig5", scale)),
+    }
+
+
 def _main_table(table: str, title: str) -> Table:
     return Table(title, lambda scale, seeds: _build_main(scale, table, seeds),
                  lambda records, scale: _claims_main(records, table, scale),
@@ -441,7 +517,8 @@ PAPER = paper_of_tables(
                           lambda records, scale: _claims_speedup(records), _render_speedup,
                           lambda scale: differences("fig6", scale)),
             "fig2": Table("Fig. 2, accuracy vs K around K* = 3120 on ResNet-18 / CIFAR-10 (full scale)", _build_fig2,
-                          _claims_fig2, _render_fig2, _fig2_differences)},
+                          _claims_fig2, _render_fig2, _fig2_differences),
+            **_cifar_tables()},
     default_table="headline",
     default_seeds={"smoke": 1, "ci": 2, "full": 3},
 )
