@@ -349,6 +349,13 @@ def test_partpsp_table2_full_grid_and_its_aggregate_claims():
     res = [s for s in specs if s.labels["model"] == "ResNet-18" and s.labels["algorithm"] == "PartPSP-2"]
     assert {s.config["algorithm"]["params"]["lr"] for s in res} == {0.001}
     assert {s.config["algorithm"]["params"]["clip_l1"] for s in res} == {100.0}
+    t3 = paper.build_runs("full", "table3", [0])
+    assert len(t3) == 16 and {s.config["model"]["name"] for s in t3} == {"partpsp_mlp", "resnet18_tv_bn"}
+    f4 = [s for s in paper.build_runs("full", "fig4", [0]) if s.labels["model"] == "ResNet-18"]
+    assert len(f4) == 25 and {s.config["algorithm"]["params"]["lr"] for s in f4} == {1e-5}
+    f2 = [s for s in paper.build_runs("full", "table2", [0]) if s.labels["figure"] == "fig2"]
+    assert {(s.labels["model"], s.labels["topology"]) for s in f2} == {(m, t) for m in ("MLP", "ResNet-18")
+                                                                       for t in ("EXP", "2-Out")}
     rank = {"PartPSP-1": 0.8, "PartPSP-2": 0.6, "SGPDP": 0.5, "PEDFL": 0.4}
     recs = [{"labels": s.labels, "seed": 0, "final_acc": rank[s.labels["algorithm"]] + (0.1 if s.labels["b"] == "NoDP"
                                                                                      else 0.0)} for s in specs]

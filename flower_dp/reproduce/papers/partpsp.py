@@ -56,8 +56,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
                  fig2_rounds=120, variants=list(VARIANTS), t2_models=list(T2_MODELS), t2_topos=list(PAPER_T2_COLS),
                  t2_bs=[1.0, 2.0, 3.0]),
 }
-#: Fig. 2 MLP settings from the released logs (spec §6.3): C', lambda per split
+#: Fig. 2 MLP settings from the released logs (spec §6.3): C', lambda per split; ResNet-18: C', lambda, lr
 FIG2 = {"PartPSP-1": (0.78, 0.55), "PartPSP-2": (0.78, 0.62)}
+FIG2_RESNET = {"PartPSP-1": (0.86, 0.53, 0.1), "PartPSP-2": (0.78, 0.7, 1e-5)}
+FIG2_MODELS = {"smoke": ["MLP"], "ci": ["MLP"], "full": ["MLP", "ResNet-18"]}
+FIG2_TOPOS = {"smoke": ["EXP"], "ci": ["EXP"], "full": ["EXP", "2-Out"]}
 
 
 def _params(split_alg: str, split: str, **kw) -> dict[str, Any]:
@@ -97,15 +100,32 @@ def _build_table2(scale: str, table: str, seeds: list[int]):
                                                             "model": mname, "topology": topo_label},
                             seed=seed, num_iters=s["rounds"], eval_every=s["eval_every"], topology=topo,
                             topology_kwargs=kw, algorithm=alg, params=params, **{**common, "model": m["model"]}))
-        for label, (c_prime, lam) in FIG2.items():
-            alg, split = VARIANTS[label]
-            specs.append(pushsum_spec(
-                f"fig2-{label}-esti", {"figure": "fig2", "algorithm": label, "b": "b5"}, seed=seed,
-                num_iters=s["fig2_rounds"], eval_every=1, topology="exp_one_peer", algorithm=alg,
-                checkpoint=False,
-                params=_params(alg, split, b=5.0, c_prime=c_prime, lam=lam, sensitivity="estimate",
-                               measure_real=True), **common))
+        for mname in FIG2_MODELS[scale]:
+            for topo_label in FIG2_TOPOS[scale]:
+                topo, kw = T2_TOPOS[topo_label]
+                for label in FIG2:
+                    alg, split = VARIANTS[label]
+                    if mname == "MLP":
+                        (c_prime, lam), extra = FIG2[label], {}
+                    else:
+                        c_prime, lam, lr = FIG2_RESNET[label]
+                        extra = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": T2_MODELS[mname]["model"]}
+                    cell = "" if (mname, topo_label) == ("MLP", "EXP") else f"-{mname}-{topo_label}"
+                    specs.append(pushsum_spec(
+                        f"fig2-{label}-esti{cell}", {"figure": "fig2", "algorithm": label, "b": "b5", "model": mname,
+                                                     "topology": topo_label}, seed=seed,
+                        num_iters=s["fig2_rounds"], eval_every=1, topology=topo, topology_kwargs=kw, algorithm=alg,
+                        checkpoint=False, params=_params(alg, split, b=5.0, c_prime=c_prime, lam=lam,
+                                                         sensitivity="estimate", measure_real=True, **extra),
+                        **{**common, "model": T2_MODELS[mname]["model"]}))
     return specs
+
+
+def _fig2_name(rec: dict[str, Any]) -> str:
+    """'PartPSP-1' for the MLP on EXP (the ci panel), else with its model and graph."""
+    lab = rec["labels"]
+    cell = (lab.get("model", "MLP"), lab.get("topology", "EXP"))
+    return lab["algorithm"] if cell == ("MLP", "EXP") else f"{lab['algorithm']}, {cell[0]}, {cell[1]}"
 
 
 def _sens_rows(rec: dict[str, Any]) -> list[tuple[int, float, float]]:
@@ -180,13 +200,13 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
             continue
         rows = _sens_rows(r)
         if not rows:
-            claims.append(Claim(f"{r['labels']['algorithm']}: estimated sensitivity >= real every round", None,
+            claims.append(Claim(f"{_fig2_name(r)}: estimated sensitivity >= real every round", None,
                                 "no sensitivity recorded"))
             continue
         bad = [(k, e, rl) for k, e, rl in rows if e < rl]
         ratio = min(e / rl for _, e, rl in rows if rl > 0) if any(rl > 0 for _, _, rl in rows) else float("nan")
         claims.append(Claim(
-            f"{r['labels']['algorithm']} (seed {r['seed']}): estimated sensitivity >= real sensitivity every round",
+            f"{_fig2_name(r)} (seed {r['seed']}): estimated sensitivity >= real sensitivity every round",
             not bad, f"{len(rows)} rounds, {len(bad)} below; min est/real = {fmt(ratio)}; mean real "
             f"{fmt(sum(x[2] for x in rows) / len(rows))}, mean est {fmt(sum(x[1] for x in rows) / len(rows))}"))
     return claims
@@ -222,7 +242,7 @@ def _render_table2(records, table: str, scale: str, out: Path):
             continue
         rows2 = _sens_rows(r)
         if rows2:
-            srows.append([r["labels"]["algorithm"], str(r["seed"]), str(len(rows2)),
+            srows.append([_fig2_name(r), str(r["seed"]), str(len(rows2)),
                           fmt(sum(x[2] for x in rows2) / len(rows2)), fmt(max(x[2] for x in rows2)),
                           fmt(sum(x[1] for x in rows2) / len(rows2)), fmt(max(x[1] for x in rows2)),
                           fmt(min(x[1] / x[2] for x in rows2 if x[2] > 0)), fmt(r["final_acc"])])
@@ -243,7 +263,7 @@ def _render_table2(records, table: str, scale: str, out: Path):
             _, real = curve(r, "sensitivity_real")
             ax.plot(ks, real, label="real (max pairwise L1)")
             ax.plot(ks, est, label="estimated (eq. 22)", ls="--")
-            style(ax, xlabel="round", ylabel="sensitivity", title=f"{r['labels']['algorithm']} (seed {r['seed']})")
+            style(ax, xlabel="round", ylabel="sensitivity", title=f"{_fig2_name(r)} (seed {r['seed']})")
         plots.append(savefig(fig, out, "sensitivity_est_vs_real.png"))
     return lines, plots
 
@@ -263,65 +283,85 @@ def _differences_table2(table: str, scale: str) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------- Table 3
-PAPER_T3 = {  # Table 3 (%), MNIST/MLP, b = 5: (2-Out, EXP)
-    ("Real", "PartPSP-1"): (88.50, 89.50), ("Real", "PartPSP-2"): (60.53, 61.14),
-    ("Esti", "PartPSP-1"): (85.42, 84.88), ("Esti", "PartPSP-2"): (52.09, 53.99),
+PAPER_T3 = {  # Table 3 (%), b = 5: (2-Out, EXP) per model (MLP: MNIST; ResNet-18: Fashion-MNIST)
+    "MLP": {("Real", "PartPSP-1"): (88.50, 89.50), ("Real", "PartPSP-2"): (60.53, 61.14),
+            ("Esti", "PartPSP-1"): (85.42, 84.88), ("Esti", "PartPSP-2"): (52.09, 53.99)},
+    "ResNet-18": {("Real", "PartPSP-1"): (82.37, 82.40), ("Real", "PartPSP-2"): (80.83, 81.21),
+                  ("Esti", "PartPSP-1"): (82.28, 81.56), ("Esti", "PartPSP-2"): (80.52, 81.10)},
 }
-#: Table 3's MLP estimator constants from the released log names (spec 6.3): C', lambda per split
+PAPER_T3_DROP = {"MLP": 7.76, "ResNet-18": 0.41}
+#: Table 3's estimator constants from the released log names (spec 6.3): C', lambda (and lr) per model and split
 T3_CONST = {"PartPSP-1": (0.85, 0.55), "PartPSP-2": (0.82, 0.62)}
+T3_CONST_RESNET = {"PartPSP-1": (0.8, 0.75, 0.01), "PartPSP-2": (0.8, 0.75, 0.001)}
 T3_TOPOS = {"2-Out": ("d_out", {"deg": 2}), "EXP": ("exp_one_peer", {})}
+T3_MODELS = {"smoke": ["MLP"], "ci": ["MLP"], "full": ["MLP", "ResNet-18"]}
 
 
 def _build_table3(scale: str, seeds: list[int]):
     s = SETTINGS[scale]
     specs = []
-    common = dict(n_nodes=s["n"], model="partpsp_mlp", dataset="fashion_mnist", samples_per_node=s["samples_per_node"],
+    common = dict(n_nodes=s["n"], dataset="fashion_mnist", samples_per_node=s["samples_per_node"],
                   test_samples=s["test_samples"], num_iters=s["rounds"], eval_every=s["eval_every"])
     for seed in seeds:
-        for topo_label, (topo, kw) in T3_TOPOS.items():
-            for label, (c_prime, lam) in T3_CONST.items():
-                alg, split = VARIANTS[label]
-                for sens in ("Real", "Esti"):
-                    extra = {"sensitivity": "real"} if sens == "Real" else {
-                        "sensitivity": "estimate", "c_prime": c_prime, "lam": lam, "measure_real": True}
-                    specs.append(pushsum_spec(
-                        f"table3-{label}-{sens}-{topo_label}", {"figure": "table3", "algorithm": label,
-                                                                "sensitivity": sens, "topology": topo_label},
-                        seed=seed, topology=topo, topology_kwargs=kw, algorithm=alg,
-                        params=_params(alg, split, b=5.0, **extra), **common))
+        for mname in T3_MODELS[scale]:
+            model = T2_MODELS[mname]["model"]
+            for topo_label, (topo, kw) in T3_TOPOS.items():
+                for label in T3_CONST:
+                    alg, split = VARIANTS[label]
+                    if mname == "MLP":
+                        (c_prime, lam), extra0, suffix = T3_CONST[label], {}, ""
+                    else:
+                        c_prime, lam, lr = T3_CONST_RESNET[label]
+                        extra0, suffix = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": model}, f"-{mname}"
+                    for sens in ("Real", "Esti"):
+                        extra = {"sensitivity": "real"} if sens == "Real" else {
+                            "sensitivity": "estimate", "c_prime": c_prime, "lam": lam, "measure_real": True}
+                        specs.append(pushsum_spec(
+                            f"table3-{label}-{sens}-{topo_label}{suffix}",
+                            {"figure": "table3", "algorithm": label, "sensitivity": sens, "topology": topo_label,
+                             "model": mname},
+                            seed=seed, topology=topo, topology_kwargs=kw, algorithm=alg, model=model,
+                            params=_params(alg, split, b=5.0, **extra0, **extra), **common))
     return specs
 
 
 def _claims_table3(records) -> list[Claim]:
     groups = group_records(records)
     claims = []
-    for topo in T3_TOPOS:
-        for label in T3_CONST:
-            real = pick(groups, figure="table3", algorithm=label, sensitivity="Real", topology=topo)
-            esti = pick(groups, figure="table3", algorithm=label, sensitivity="Esti", topology=topo)
-            ok, detail = ordering_claim_detail("Real", real, "Esti", esti)
-            claims.append(Claim(f"{label} on {topo}: the estimated sensitivity costs accuracy (Real > Esti)", ok, detail))
-    reals = [g["final_acc"] for g in groups if g["sensitivity"] == "Real"]
-    estis = [g["final_acc"] for g in groups if g["sensitivity"] == "Esti"]
-    if reals and estis:
-        drop = 1 - (sum(estis) / len(estis)) / (sum(reals) / len(reals))
-        claims.append(Claim("the estimate's relative accuracy drop is small (paper: 7.76 % on the MLP)",
-                            bool(drop < 0.15), f"relative drop of the mean accuracy {100 * drop:.2f} %"))
+    models = [m for m in T2_MODELS if any(g.get("model", "MLP") == m for g in groups)]
+    for m in models:
+        where = "" if m == "MLP" else f" ({m})"
+        for topo in T3_TOPOS:
+            for label in T3_CONST:
+                real = pick(groups, figure="table3", algorithm=label, sensitivity="Real", topology=topo, model=m)
+                esti = pick(groups, figure="table3", algorithm=label, sensitivity="Esti", topology=topo, model=m)
+                ok, detail = ordering_claim_detail("Real", real, "Esti", esti)
+                claims.append(Claim(f"{label} on {topo}{where}: the estimated sensitivity costs accuracy (Real > Esti)",
+                                    ok, detail))
+        reals = [g["final_acc"] for g in groups if g["sensitivity"] == "Real" and g.get("model", "MLP") == m]
+        estis = [g["final_acc"] for g in groups if g["sensitivity"] == "Esti" and g.get("model", "MLP") == m]
+        if reals and estis:
+            drop = 1 - (sum(estis) / len(estis)) / (sum(reals) / len(reals))
+            claims.append(Claim(f"the estimate's relative accuracy drop is small (paper: {PAPER_T3_DROP[m]} % on the "
+                                f"{m})", bool(drop < 0.15), f"relative drop of the mean accuracy {100 * drop:.2f} %"))
     return claims
 
 
 def _render_table3(records, scale: str):
     groups = group_records(records)
     s = SETTINGS[scale]
-    lines = [f"## Table 3: PartPSP-Real vs PartPSP-Esti (MLP, N = {s['n']}, b = 5, {s['rounds']} rounds)", "",
-             "Ours in [0, 1]; the paper's in % (MNIST).", ""]
-    rows = []
-    for sens in ("Real", "Esti"):
-        for label in T3_CONST:
-            gs = [pick(groups, figure="table3", algorithm=label, sensitivity=sens, topology=t) for t in T3_TOPOS]
-            paper = PAPER_T3[(sens, label)]
-            rows.append([f"{sens}, {label}"] + [acc_pm(g) for g in gs] + [f"{v:.2f}" for v in paper])
-    lines += md_table(["run"] + [f"ours {t}" for t in T3_TOPOS] + [f"paper {t}" for t in T3_TOPOS], rows)
+    lines = [f"## Table 3: PartPSP-Real vs PartPSP-Esti (N = {s['n']}, b = 5, {s['rounds']} rounds)", "",
+             "Ours in [0, 1] (Fashion-MNIST); the paper's in % (MNIST for the MLP, Fashion-MNIST for ResNet-18).", ""]
+    for m in [m for m in T2_MODELS if any(g.get("model", "MLP") == m for g in groups)]:
+        rows = []
+        for sens in ("Real", "Esti"):
+            for label in T3_CONST:
+                gs = [pick(groups, figure="table3", algorithm=label, sensitivity=sens, topology=t, model=m)
+                      for t in T3_TOPOS]
+                paper = PAPER_T3[m][(sens, label)]
+                rows.append([f"{sens}, {label}"] + [acc_pm(g) for g in gs] + [f"{v:.2f}" for v in paper])
+        lines += [f"### {m}", ""]
+        lines += md_table(["run"] + [f"ours {t}" for t in T3_TOPOS] + [f"paper {t}" for t in T3_TOPOS], rows) + [""]
     return lines
 
 
@@ -404,72 +444,96 @@ FIG4_CLIP = 200.0
 PAPER_FIG4 = {10: {1: 61.9, 2: 63.2, 4: 44.0, 6: 29.7, 8: 17.5}, 50: {1: 62.6, 2: 64.6, 4: 46.8, 6: 38.5, 8: 33.8}}
 
 
+PAPER_FIG4_RESNET = {10: {1: 17.7, 2: 17.7, 4: 12.7, 6: 8.5, 8: 4.4}, 50: {1: 17.9, 2: 17.8, 4: 12.8, 6: 10.5, 8: 9.1}}
+FIG4_MODELS = {"smoke": ["MLP"], "ci": ["MLP"], "full": ["MLP", "ResNet-18"]}
+
+
 def _build_fig4(scale: str, seeds: list[int]):
     s = SETTINGS[scale]
     rounds = FIG4_ROUNDS[scale]
     specs = []
     for seed in seeds:
-        for n in FIG4_N[scale]:
-            for d in FIG4_DEG[scale]:
-                specs.append(pushsum_spec(
-                    f"fig4-N{n}-d{d}", {"figure": "fig4", "N": n, "degree": d}, seed=seed, num_iters=rounds,
-                    eval_every=rounds, n_nodes=n, model="partpsp_mlp", dataset="fashion_mnist",
-                    samples_per_node=s["samples_per_node"], test_samples=s["test_samples"], topology="d_out",
-                    topology_kwargs={"deg": d}, algorithm="partpsp", checkpoint=False,
-                    params=_params("partpsp", "partpsp1", b=5.0, sync_period=4, clip_l1=FIG4_CLIP, sensitivity="estimate",
-                                   c_prime=0.95, lam=0.55, measure_real=True)))
+        for mname in FIG4_MODELS[scale]:
+            model = T2_MODELS[mname]["model"]
+            if mname == "MLP":
+                extra, suffix = dict(clip_l1=FIG4_CLIP, c_prime=0.95, lam=0.55), ""
+            else:  # the ResNet logs (spec 6.3): lr 1e-5, clip 100, C' 0.78, lambda 0.7
+                extra = dict(clip_l1=100.0, c_prime=0.78, lam=0.7, lr=1e-5, lr_l=1e-5, model_name=model)
+                suffix = f"-{mname}"
+            for n in FIG4_N[scale]:
+                for d in FIG4_DEG[scale]:
+                    specs.append(pushsum_spec(
+                        f"fig4-N{n}-d{d}{suffix}", {"figure": "fig4", "N": n, "degree": d, "model": mname}, seed=seed,
+                        num_iters=rounds, eval_every=rounds, n_nodes=n, model=model, dataset="fashion_mnist",
+                        samples_per_node=s["samples_per_node"], test_samples=s["test_samples"], topology="d_out",
+                        topology_kwargs={"deg": d}, algorithm="partpsp", checkpoint=False,
+                        params=_params("partpsp", "partpsp1", b=5.0, sync_period=4, sensitivity="estimate",
+                                       measure_real=True, **extra)))
     return specs
 
 
-def _ras_table(records) -> dict[tuple[int, int], float]:
+def _ras_table(records, model: str = "MLP") -> dict[tuple[int, int], float]:
     per: dict[tuple[int, int], list[float]] = {}
     for r in records:
-        per.setdefault((r["labels"]["N"], r["labels"]["degree"]), []).append(_ras(r))
+        if r["labels"].get("model", "MLP") == model:
+            per.setdefault((r["labels"]["N"], r["labels"]["degree"]), []).append(_ras(r))
     return {k: sum(v) / len(v) for k, v in per.items()}
 
 
+def _fig4_models(records) -> list[str]:
+    return [m for m in T2_MODELS if any(r["labels"].get("model", "MLP") == m for r in records)]
+
+
 def _claims_fig4(records, scale: str) -> list[Claim]:
-    ras = _ras_table(records)
-    ns, degs = sorted({n for n, _ in ras}), sorted({d for _, d in ras})
-    small, large = ns[0], ns[-1]
-    far = [d for d in degs if 4 * d <= small]  # d << N for every N of the sweep
-    rel = {d: abs(ras[(large, d)] / ras[(small, d)] - 1) for d in degs if (small, d) in ras and (large, d) in ras}
     claims = []
-    if far:
-        worst = max(rel[d] for d in far if d in rel)
-        claims.append(Claim(
-            f"for d << N (d = {', '.join(map(str, far))}) the RAS hardly depends on N (N = {small} vs {large}, within 15 %)",
-            bool(worst < 0.15), ", ".join(f"d={d}: {fmt(ras[(small, d)])} vs {fmt(ras[(large, d)])} "
-                                          f"({100 * rel[d]:.1f} %)" for d in far)))
-    near = [d for d in degs if d >= small // 2 + 1 and d > 1]
-    if near and far:
-        ok = min(rel[d] for d in near) > max(rel[d] for d in far)
-        claims.append(Claim(f"when d is close to N = {small} (d = {', '.join(map(str, near))}) the RAS differs more "
-                            "between network sizes", bool(ok),
-                            ", ".join(f"d={d}: {100 * rel[d]:.1f} %" for d in degs if d in rel)))
-    for n in ns:
-        vals = [ras[(n, d)] for d in degs if d > 1 and (n, d) in ras]
-        claims.append(Claim(f"RAS falls as the degree grows beyond 2 (N = {n})", all(a > b for a, b in zip(vals, vals[1:])),
-                            ", ".join(f"d={d}: {fmt(ras[(n, d)])}" for d in degs if d > 1 and (n, d) in ras)))
+    for model in _fig4_models(records):
+        tag = "" if model == "MLP" else f" ({model})"
+        ras = _ras_table(records, model)
+        ns, degs = sorted({n for n, _ in ras}), sorted({d for _, d in ras})
+        small, large = ns[0], ns[-1]
+        far = [d for d in degs if 4 * d <= small]  # d << N for every N of the sweep
+        rel = {d: abs(ras[(large, d)] / ras[(small, d)] - 1) for d in degs if (small, d) in ras and (large, d) in ras}
+        if far:
+            worst = max(rel[d] for d in far if d in rel)
+            claims.append(Claim(
+                f"for d << N (d = {', '.join(map(str, far))}) the RAS hardly depends on N (N = {small} vs {large}, "
+                f"within 15 %){tag}", bool(worst < 0.15),
+                ", ".join(f"d={d}: {fmt(ras[(small, d)])} vs {fmt(ras[(large, d)])} ({100 * rel[d]:.1f} %)" for d in far)))
+        near = [d for d in degs if d >= small // 2 + 1 and d > 1]
+        if near and far:
+            ok = min(rel[d] for d in near) > max(rel[d] for d in far)
+            claims.append(Claim(f"when d is close to N = {small} (d = {', '.join(map(str, near))}) the RAS differs more "
+                                f"between network sizes{tag}", bool(ok),
+                                ", ".join(f"d={d}: {100 * rel[d]:.1f} %" for d in degs if d in rel)))
+        for n in ns:
+            vals = [ras[(n, d)] for d in degs if d > 1 and (n, d) in ras]
+            claims.append(Claim(f"RAS falls as the degree grows beyond 2 (N = {n}){tag}",
+                                all(a > b for a, b in zip(vals, vals[1:])),
+                                ", ".join(f"d={d}: {fmt(ras[(n, d)])}" for d in degs if d > 1 and (n, d) in ras)))
     return claims
 
 
 def _render_fig4(records, scale: str, out: Path):
-    ras = _ras_table(records)
-    ns, degs = sorted({n for n, _ in ras}), sorted({d for _, d in ras})
     lines = [f"## Fig. 4: real average sensitivity over the first {FIG4_ROUNDS[scale]} rounds by network size N and "
-             f"d-Out degree (MLP, PartPSP-1, b = 5, L1 clip {FIG4_CLIP:g}, C' 0.95, lambda 0.55, sync every 4 rounds)", "",
-             "Ours / the paper's released logs (MNIST); the paper has N = 10 and 50.", ""]
-    rows = [[f"N = {n}"] + [f"{fmt(ras.get((n, d), float('nan')))} / {PAPER_FIG4.get(n, {}).get(d, '-')}" for d in degs]
-            for n in ns]
-    lines += md_table(["network"] + [f"d = {d}" for d in degs], rows)
-    fig, axes = new_axes(1)
-    for n in ns:
-        axes[0].plot(degs, [ras.get((n, d), float("nan")) for d in degs], marker="o", label=f"ours N = {n}")
-        if n in PAPER_FIG4:
-            axes[0].plot(sorted(PAPER_FIG4[n]), [PAPER_FIG4[n][d] for d in sorted(PAPER_FIG4[n])], ls=":", marker="x",
-                         label=f"paper N = {n} (MNIST)")
-    style(axes[0], xlabel="d-Out degree", ylabel="RAS (mean real sensitivity)", title="RAS vs degree and network size")
+             "d-Out degree (PartPSP-1, b = 5, sync every 4 rounds; MLP: L1 clip "
+             f"{FIG4_CLIP:g}, C' 0.95, lambda 0.55; ResNet-18: clip 100, C' 0.78, lambda 0.7, lr 1e-5)", "",
+             "Ours / the paper's released logs (MNIST for the MLP, Fashion-MNIST for ResNet-18); the paper has N = 10 "
+             "and 50.", ""]
+    models = _fig4_models(records)
+    fig, axes = new_axes(len(models))
+    for ax, model in zip(axes, models):
+        paper = PAPER_FIG4 if model == "MLP" else PAPER_FIG4_RESNET
+        ras = _ras_table(records, model)
+        ns, degs = sorted({n for n, _ in ras}), sorted({d for _, d in ras})
+        rows = [[f"N = {n}"] + [f"{fmt(ras.get((n, d), float('nan')))} / {paper.get(n, {}).get(d, '-')}" for d in degs]
+                for n in ns]
+        lines += [f"### {model}", ""] + md_table(["network"] + [f"d = {d}" for d in degs], rows) + [""]
+        for i, n in enumerate(ns):
+            ax.plot(degs, [ras.get((n, d), float("nan")) for d in degs], marker="o", color=f"C{i}", label=f"ours N = {n}")
+            if n in paper:
+                ax.plot(sorted(paper[n]), [paper[n][d] for d in sorted(paper[n])], ls=":", marker="x", color=f"C{i}",
+                        label=f"paper N = {n}")
+        style(ax, xlabel="d-Out degree", ylabel="RAS (mean real sensitivity)", title=f"{model}: RAS vs degree and N")
     return lines, [savefig(fig, out, "ras_vs_network_size.png")]
 
 
