@@ -166,6 +166,9 @@ def _flower_interleaved(n: int, spec: dict, J: int, iters: int, rounds: int, inp
         seen["strategy"] = strat
         strat.start(grid)
 
+    from flower_dp._ray_local import use_loopback
+
+    use_loopback()  # the simulation's Ray binds 127.0.0.1
     t0 = time.perf_counter()
     run_simulation(server_app=server, client_app=make_client_app(model_builder(_shallow_cnn, functools.partial(
         _synthetic_data, J))), num_supernodes=n, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})

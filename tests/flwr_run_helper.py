@@ -46,7 +46,8 @@ def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: s
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", RAY_ADDRESS=f"127.0.0.1:{ray_port}")
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", RAY_ADDRESS=f"127.0.0.1:{ray_port}",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray keeps the node on 127.0.0.1 (flower_dp._ray_local)
     ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
     ray_head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",

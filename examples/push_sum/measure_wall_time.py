@@ -74,6 +74,9 @@ def main() -> None:
         strat.start(grid)
         seen["strategy"] = strat
 
+    from flower_dp._ray_local import use_loopback
+
+    use_loopback()  # the simulation's Ray binds 127.0.0.1
     t = time.perf_counter()
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=cfg.n_nodes,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import results as rio
+from .._ray_local import use_loopback
 from .config import ExperimentConfig
 
 __all__ = ["run_flower_experiment"]
@@ -68,6 +69,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
         seen["strategy"] = strategy
 
     t0 = time.perf_counter()
+    use_loopback()  # the simulation's Ray binds 127.0.0.1 (Ray ignores _node_ip_address="127.0.0.1" alone)
     run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=cfg.n_nodes,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}})

@@ -36,6 +36,7 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from flower_dp._checks import check_choice, check_int, check_positive
+from flower_dp._ray_local import use_loopback
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
@@ -362,6 +363,7 @@ def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, tra
 
     if ray.is_initialized():  # Flower's simulation must start its own Ray
         ray.shutdown()
+    use_loopback()  # its Ray binds 127.0.0.1 (Ray ignores _node_ip_address="127.0.0.1" alone)
     try:
         run_simulation(server_app=server, client_app=client_app or make_client_app(str(secret_file)),
                        num_supernodes=N,

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int, check_nonnegative, check_positive
+from .._ray_local import use_loopback
 from ..errors import FlowerDPError, GossipTimeoutError
 from .ray_host import NodeFactory, remote_host_class
 
@@ -125,6 +126,7 @@ def ensure_ray(address: str | None = None, *, wait_s: float = 0.0, num_cpus: int
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                           "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     if not addr:
+        use_loopback()  # Ray turns _node_ip_address="127.0.0.1" into the routable address otherwise
         kw.update(num_cpus=num_cpus, _node_ip_address="127.0.0.1")
     else:
         check_ray_address(addr)
