@@ -36,6 +36,7 @@ __all__ = [
     "Claim",
     "Paper",
     "Table",
+    "bound_table",
     "paper_of_tables",
     "SCALES",
     "BACKENDS",
@@ -109,6 +110,17 @@ class Table:
     """render(records, scale, out) -> (markdown lines, written plot file names)"""
     differences: Callable[[str], list[str]]
     """differences(scale) -> one line per way our setting differs from the paper's"""
+
+
+def bound_table(title: str, table: str, *, build: Callable, claims: Callable, render: Callable,
+                differences: Callable) -> Table:
+    """A :class:`Table` from a paper module's table-generic functions, called by keyword with ``table``
+    bound (``build(scale=, table=, seeds=)``, ``claims(records=, table=, scale=)``,
+    ``render(records=, table=, scale=, out=)``, ``differences(table=, scale=)``)."""
+    return Table(title, lambda scale, seeds: build(scale=scale, table=table, seeds=seeds),
+                 lambda records, scale: claims(records=records, table=table, scale=scale),
+                 lambda records, scale, out: render(records=records, table=table, scale=scale, out=out),
+                 lambda scale: differences(table=table, scale=scale))
 
 
 def paper_of_tables(*, name: str, title: str, tables: dict[str, Table], default_table: str, **kw: Any) -> Paper:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, Table, bound_table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import full_scale_only, md_table, plot_curves, pushsum_spec, style, logx
 
 #: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are the spec's stability decisions (8.1)
@@ -178,10 +178,7 @@ def differences(table: str, scale: str) -> list[str]:
 
 
 def _table(table: str, title: str) -> Table:
-    return Table(title, lambda scale, seeds: build_runs(table, scale, seeds),
-                 lambda records, scale: check_claims(table, records, scale),
-                 lambda records, scale, out: render(table, records, scale, out),
-                 lambda scale: differences(table, scale))
+    return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
 
 PAPER = paper_of_tables(

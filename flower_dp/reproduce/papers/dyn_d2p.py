@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, Table, bound_table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, style, logx
 
 ALGS = [("Non-private", "nonprivate"), ("Const-D2P", "const"), ("Dyn[mu]-D2P", "dyn_mu"),
@@ -457,12 +457,9 @@ def _fig1_differences(scale: str) -> list[str]:
 
 
 def _tables_entry(table: str) -> Table:
-    return Table(
-        {"table2": "Table 2, shallow CNN on Fashion-MNIST", "table1": "Table 1, ResNet-18 on CIFAR-10"}[table],
-        lambda scale, seeds: _build_tables(scale, table, seeds),
-        lambda records, scale: _claims_tables(records, table, scale),
-        lambda records, scale, out: _render_tables(records, table, scale, out),
-        lambda scale: _differences_tables(table, scale))
+    title = {"table2": "Table 2, shallow CNN on Fashion-MNIST", "table1": "Table 1, ResNet-18 on CIFAR-10"}[table]
+    return bound_table(title, table, build=_build_tables, claims=_claims_tables, render=_render_tables,
+                       differences=_differences_tables)
 
 
 PAPER = paper_of_tables(

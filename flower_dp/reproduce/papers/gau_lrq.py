@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core import Claim, RunSpec, Table, acc_pm, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, RunSpec, Table, bound_table, acc_pm, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import full_scale_only, md_table, slug, style, logx
 
 PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB"), "QG-SGD": (0.9579, "36 MB"),
@@ -328,10 +328,7 @@ def differences(table: str, scale: str) -> list[str]:
 
 
 def _table(table: str, title: str) -> Table:
-    return Table(title, lambda scale, seeds: build_runs(scale, table, seeds),
-                 lambda records, scale: check_claims(records, table, scale),
-                 lambda records, scale, out: render(records, table, scale, out),
-                 lambda scale: differences(table, scale))
+    return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
 
 PAPER = paper_of_tables(

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core import Claim, Table, acc_pm, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, Table, bound_table, acc_pm, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import full_scale_only, md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, logx
 
 C2 = 0.3724
@@ -499,10 +499,8 @@ def _cifar_tables() -> dict[str, Table]:
 
 
 def _main_table(table: str, title: str) -> Table:
-    return Table(title, lambda scale, seeds: _build_main(scale, table, seeds),
-                 lambda records, scale: _claims_main(records, table, scale),
-                 lambda records, scale, out: _render_main(records, table, scale, out),
-                 lambda scale: differences(table, scale))
+    return bound_table(title, table, build=_build_main, claims=_claims_main, render=_render_main,
+                       differences=differences)
 
 
 PAPER = paper_of_tables(
