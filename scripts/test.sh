@@ -10,6 +10,10 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh" test
 cd "$ROOT"
+# numpy's bundled OpenBLAS spun forever in exec_blas (99 % CPU, no worker thread running) on a 100x10 matmul in
+# a Flower ServerApp thread while Ray ran beside it (py-spy, 2026-11-23): the hang behind the earlier CI timeout.
+# One OpenBLAS thread runs the product in the calling thread.  torch uses its own thread pool and is not affected.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 ISOLATED=tests/test_gau_lrq_flower.py
 MAIN_LIMIT_S="${FLOWER_DP_TEST_LIMIT_S:-3600}"   # the main suite takes ~15 min on 2 cores
 ONE_LIMIT_S=900                                  # one isolated test takes < 1 min
