@@ -25,7 +25,7 @@ from flower_dp.gossip import Contribution, Share
 from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_grad_sum
 from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_clipped_grad_sum
 from flower_dp.mechanisms.flat import flatten_params
-from flower_dp.privacy.accountant import NodeAccountant
+from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, NodeAccountant
 from flower_dp.mechanisms.noise import gaussian_noise
 from flower_dp.rng import numpy_rng
 from flower_dp.rng import torch_generator
@@ -67,7 +67,16 @@ class Plan:
     eps_rigorous, eps_paper : tuple of float, per node
         Rigorous (PLD/RDP) eps of the planned noise over ``num_iters`` and the paper formula's eps.
     delta : float
+        The largest delta across nodes; ``node_delta`` (per node, optional) holds each node's own.
     accountant, adjacency : str
+    sampling : {"poisson", "fixed_size"}
+        The sampler the nodes really run and the accountant charges (PrivSGP(-VR): one of
+        ``population[i]`` fixed blocks per step, ``q = 1 / population[i]``).
+    population : tuple of int, per node
+        For ``fixed_size``: what the batch is drawn from (the number of blocks); empty otherwise.
+    nu_always : tuple of ndarray (K,), per node
+        A non-sampled Gaussian charged with every step (PrivSGP-VR's table average, present
+        whichever block is drawn; see ``privsgp_vr_calibration``); empty = none.
     heuristic : bool
         True where the sensitivity is estimated (DPPS family).
     private : bool
@@ -90,11 +99,36 @@ class Plan:
     eps_rigorous: tuple[float, ...]
     eps_paper: tuple[float, ...]
     delta: float
-    accountant: str = "pld"
+    accountant: str = "auto"
     adjacency: str = "add_remove"
     heuristic: bool = False
     private: bool = True
     warnings: tuple[str, ...] = ()
+    sampling: str = "poisson"
+    population: tuple[int, ...] = ()
+    nu_always: tuple[np.ndarray, ...] = field(default=(), repr=False)
+    node_delta: tuple[float, ...] = ()
+
+    def delta_of(self, i: int) -> float:
+        """Node ``i``'s delta (heterogeneous budgets: its own, not the largest across nodes)."""
+        return float(self.node_delta[i]) if self.node_delta else float(self.delta)
+
+    def steps(self, i: int, start: int = 0, stop: int | None = None) -> list:
+        """The accountant steps of node ``i``'s iterations ``[start, stop)``, in iteration order.
+
+        The one description of what a node's noise costs: nodes charge exactly these
+        (:meth:`PushSumNode.charge_gaussian`), the budget truncation and the plan's eps use them.
+        """
+        stop = self.num_iters if stop is None else int(stop)
+        nu = self.nu[i][start:stop]
+        if self.heuristic:
+            return [LaplaceStep(float(v)) for v in nu]
+        pop = self.population[i] if self.sampling == "fixed_size" else None
+        main = [GaussianStep(self.q[i], float(v), 1, self.sampling, pop) for v in nu]
+        if not self.nu_always:
+            return main
+        extra = [GaussianStep(1.0, float(v)) for v in self.nu_always[i][start:stop]]
+        return [s for pair in zip(main, extra) for s in pair]
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly description for the results file."""
@@ -113,6 +147,7 @@ class Plan:
             "delta": self.delta,
             "accountant": self.accountant,
             "adjacency": self.adjacency,
+            "sampling": self.sampling,
             "heuristic": self.heuristic,
             "private": self.private,
             "noise_std_first_last": [[float(s[0]), float(s[-1])] if len(s) else [] for s in self.noise_std],
@@ -228,13 +263,13 @@ class PushSumNode:
         """Per-node privacy: rigorous eps of the noise actually charged so far, and the plan's numbers."""
         plan, i = self.plan, self.node_id
         charged = self.accountant.steps_charged
-        eps = self.accountant.epsilon(plan.delta) if (plan.private and charged) else (
+        eps = self.accountant.epsilon(plan.delta_of(i)) if (plan.private and charged) else (
             0.0 if plan.private else float("inf"))
         return {
             "eps_rigorous": float(eps),
             "eps_rigorous_planned": float(plan.eps_rigorous[i]),
             "eps_paper": float(plan.eps_paper[i]),
-            "delta": plan.delta,
+            "delta": plan.delta_of(i),
             "accountant": plan.accountant,
             "adjacency": plan.adjacency,
             "heuristic": plan.heuristic,
@@ -367,10 +402,13 @@ class PushSumNode:
         return gaussian_noise(d, std, gen, dtype=torch.float32, device=self.device)
 
     def charge_gaussian(self, k: int) -> None:
-        """Charge one Poisson-subsampled Gaussian step of the plan (at the line that draws the noise)."""
-        nu = float(self.plan.nu[self.node_id][k])
-        if self.plan.private and nu > 0 and math.isfinite(nu):
-            self.accountant.charge_gaussian(q=self.plan.q[self.node_id], nu=nu)
+        """Charge iteration ``k``'s noise release as the plan describes it (:meth:`Plan.steps`), at the line
+        that draws the noise."""
+        if not self.plan.private:
+            return
+        for step in self.plan.steps(self.node_id, k, k + 1):
+            if step.nu > 0 and math.isfinite(step.nu):
+                self.accountant.charge(step)
 
 
 class DPSGDNode(PushSumNode):

@@ -62,7 +62,7 @@ class DPCSGPParams(SGPParams):
     nonprivate: bool = False
     calibration: str = "rigorous"
     c2: float = 1.0
-    accountant: str = "pld"
+    accountant: str = "auto"
     budget_epsilon: float | None = None
 
     def problems(self) -> list[str]:

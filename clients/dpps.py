@@ -58,7 +58,7 @@ class PEDFLParams(SGPParams):
     clip_l1: float = math.inf
     sync_period: int = 5
     delta: float = 1e-5
-    accountant: str = "pld"
+    accountant: str = "auto"
     budget_epsilon: float | None = None
 
     def problems(self) -> list[str]:

@@ -63,7 +63,7 @@ class DynD2PParams(SGPParams):
     clip_schedule: tuple | None = None
     noise_shape: tuple | None = None
     calibration: str = "rigorous"
-    accountant: str = "pld"
+    accountant: str = "auto"
     adjacency: str = "add_remove"
     budget_epsilon: float | None = None
 
@@ -75,7 +75,7 @@ class DynD2PParams(SGPParams):
             out.append(f"calibration must be 'rigorous' or 'paper', got {self.calibration!r}")
         if self.adjacency not in ("add_remove", "replace_one"):
             out.append(f"adjacency must be 'add_remove' or 'replace_one', got {self.adjacency!r}")
-        if self.accountant not in ("pld", "rdp"):
+        if self.accountant not in ("auto", "pld", "rdp"):
             out.append(f"accountant must be 'pld' or 'rdp', got {self.accountant!r}")
         for name in ("epsilon", "clip0", "clip_bar"):
             v = getattr(self, name)

@@ -14,8 +14,12 @@ gamma                    ``params.lr``
 =======================  ============================================================
 
 Blocks: the local data is split once (stream (seed, node, "init", 0)) into J // b fixed
-blocks of b samples (the remainder is dropped, 8.15); the accountant uses Poisson q = b/J
-(the spec's decision).  PrivSGP is the same node without the table (g = h, sensitivity G).
+blocks of b samples (the remainder is dropped, 8.15), and one block is drawn uniformly per step.
+That is fixed-size sampling, accounted as such under replace-one adjacency (q = 1 / (J // b); the
+spec's decision to charge Poisson q = b/J at sensitivity G/b understated eps about 12x on the ci
+Fig. 9 run): PrivSGP's block mean moves by 2G/b; PrivSGP-VR's ``h - T[blk]`` by 4G/b when the block
+is drawn and its table average by 2G/(b J//b) at every step, charged as a second, non-sampled
+Gaussian (``privsgp_vr_calibration``).  PrivSGP is the same node without the table (g = h).
 DP2-SGD / A(DP)2SGD (3.3, COMMON.md 2.2): D-PSGD plus noise on a doubly stochastic W; the
 gradient is taken at the node's own x, the pre-step model is sent (``weight=None``) and
 ``mix`` subtracts the pending step.  A(DP)2SGD runs on :func:`adp2_matching`.
@@ -48,6 +52,8 @@ class PrivSGPParams(SGPParams):
     """Hyperparameters of PrivSGP-VR and its baselines.
 
     batch_size : block size b (privsgp_vr, privsgp) or expected Poisson batch B (dp2_sgd, adp2_sgd)
+    adjacency : None (default) = "replace_one" for the fixed blocks of privsgp_vr / privsgp (the only
+        relation they are accounted under) and "add_remove" for the Poisson batches of dp2_sgd / adp2_sgd
     epsilon, delta : per-node budget; a float, or one value per node (heterogeneous budgets)
     G : gradient norm bound; per-sample gradients are clipped to G when ``clip`` (8.3)
     calibration : "rigorous" or "paper" (eq. 11, needs c2; 0.3724 reproduces K* = 3120, NOT a DP constant)
@@ -66,8 +72,8 @@ class PrivSGPParams(SGPParams):
     noise_std: float | None = None
     kstar_A: float | None = None
     kstar_L: float | None = None
-    accountant: str = "pld"
-    adjacency: str = "add_remove"
+    accountant: str = "auto"
+    adjacency: str | None = None
     budget_epsilon: float | None = None
 
     def problems(self) -> list[str]:
@@ -129,31 +135,42 @@ def prepare_privsgp_family(name: str, p: PrivSGPParams, *, n_nodes: int, samples
                                          G=p.G, c2=p.c2 if p.c2 is not None else 0.3724)
         K = max(1, int(round(k_star)))
         notes.append(f"K = round(K*) = {K} (eq. 12, K* = {k_star:.2f}) replaces num_iters = {num_iters}")
-    sens = (3.0 if vr else 1.0) * p.G / b
-    q, std, nu, eps_rig, eps_pap = [], [], [], [], []
+    sampling = "fixed_size" if name in ("privsgp_vr", "privsgp") else "poisson"
+    adjacency = p.adjacency or ("replace_one" if sampling == "fixed_size" else "add_remove")
+    if sampling == "fixed_size" and adjacency != "replace_one":
+        raise ConfigError(f"{name} draws one of J // b fixed blocks per step, which is accounted under adjacency "
+                          f"'replace_one' only (removing a record would change the blocks), got {adjacency!r}; "
+                          "leave adjacency unset")
+    q, std, nu, nu_always, pop, eps_rig, eps_pap = [], [], [], [], [], [], []
     memo: dict[tuple, object] = {}
     for i in range(n_nodes):
         if b > J[i]:
             raise ValueError(f"batch_size b = {b} exceeds node {i}'s J = {J[i]}, got too few samples; lower b")
-        if p.noise_std is not None:
-            qi, s = min(1.0, b / J[i]), float(p.noise_std)
-            e_r = rigorous_epsilon([GaussianStep(qi, s / sens, K)], float(dels[i]), accountant=p.accountant,
-                                   adjacency=p.adjacency) if s > 0 else math.inf
-            e_p = math.nan
-        else:
-            key = (float(eps[i]), float(dels[i]), J[i])
-            if key not in memo:  # equal budgets and J: calibrate once
-                memo[key] = privsgp_vr_calibration(key[0], key[1], num_iters=K, J=J[i], G=p.G, block=b, vr=vr,
-                                                   calibration=p.calibration, c2=p.c2, accountant=p.accountant,
-                                                   adjacency=p.adjacency)
-            cal = memo[key]
-            qi, s, e_r, e_p = cal.q, cal.noise_std, cal.eps_rigorous, cal.eps_paper
-            notes.extend(f"node {i}: {w}" for w in cal.warnings)
-        q.append(qi)
-        std.append(np.full(K, s))
-        nu.append(np.full(K, s / sens if s > 0 else np.inf))
-        eps_rig.append(float(e_r))
-        eps_pap.append(float(e_p))
+        key = (float(eps[i]), float(dels[i]), J[i])
+        if p.noise_std == 0:  # no noise: nothing to calibrate or charge
+            n_blk = J[i] // b
+            q.append(1.0 / n_blk if sampling == "fixed_size" else min(1.0, b / J[i]))
+            pop.append(n_blk)
+            std.append(np.zeros(K))
+            nu.append(np.full(K, np.inf))
+            nu_always.append(np.full(K, np.inf))
+            eps_rig.append(math.inf)
+            eps_pap.append(math.nan)
+            continue
+        if key not in memo:  # equal budgets and J: calibrate once
+            memo[key] = privsgp_vr_calibration(key[0], key[1], num_iters=K, J=J[i], G=p.G, block=b, vr=vr,
+                                               calibration=p.calibration, c2=p.c2, accountant=p.accountant,
+                                               adjacency=adjacency, sampling=sampling,
+                                               noise_std=p.noise_std if p.noise_std else None)
+        cal = memo[key]
+        notes.extend(f"node {i}: {w}" for w in cal.warnings if p.noise_std is None)
+        q.append(cal.q)
+        pop.append(cal.dataset_size or 0)
+        std.append(np.full(K, cal.noise_std))
+        nu.append(np.full(K, cal.nu))
+        nu_always.append(np.full(K, cal.nu_always))
+        eps_rig.append(float(cal.eps_rigorous))
+        eps_pap.append(float(cal.eps_paper))
     clip = np.full(K, p.G if p.clip else np.inf)
     if not p.clip:
         notes.append("clip=False: G is not enforced, so the noise calibration rests on an assumed bound (8.3)")
@@ -161,7 +178,10 @@ def prepare_privsgp_family(name: str, p: PrivSGPParams, *, n_nodes: int, samples
         algorithm=name, params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=int(num_iters),
         dim=dim, seed=seed, q=tuple(q), clip=(clip,) * n_nodes, noise_std=tuple(std), nu=tuple(nu),
         eps_rigorous=tuple(eps_rig), eps_paper=tuple(eps_pap), delta=float(dels.max()), accountant=p.accountant,
-        adjacency=p.adjacency, private=bool(any(s[0] > 0 for s in std)), warnings=tuple(notes),
+        adjacency=adjacency, private=bool(any(s[0] > 0 for s in std)), warnings=tuple(notes), sampling=sampling,
+        node_delta=tuple(float(d) for d in dels),
+        population=tuple(pop) if sampling == "fixed_size" else (),
+        nu_always=tuple(nu_always) if vr else (),
     )
 
 

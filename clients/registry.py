@@ -25,8 +25,7 @@ import numpy as np
 
 from flower_dp._checks import check_int
 from flower_dp.errors import ConfigError
-from flower_dp.privacy import PrivacyBudget, max_steps, rigorous_epsilon
-from flower_dp.privacy.accountant import GaussianStep, LaplaceStep
+from flower_dp.privacy import PrivacyBudget, rigorous_epsilon
 
 from .base import Plan, PushSumNode, validate_params
 from .dp_csgp import DPCSGPNode, DPCSGPParams, prepare_dp_csgp
@@ -113,10 +112,22 @@ def prepare(
 
 
 def _planned_steps(plan: Plan, i: int, K: int) -> list:
-    nu = plan.nu[i][:K]
-    if plan.heuristic:
-        return [LaplaceStep(float(v)) for v in nu]
-    return [GaussianStep(plan.q[i], float(v)) for v in nu]
+    return plan.steps(i, 0, K)
+
+
+def _max_iters(plan: Plan, i: int, budget: PrivacyBudget) -> int:
+    """Largest K' <= K whose first K' iterations (every step charged in them) fit ``budget`` at node ``i``."""
+    def fits(m: int) -> bool:
+        return m == 0 or rigorous_epsilon(plan.steps(i, 0, m), plan.delta_of(i), accountant=plan.accountant,
+                                          adjacency=plan.adjacency) <= budget.epsilon
+
+    lo, hi = 0, plan.num_iters
+    if fits(hi):
+        return hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
 
 
 def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
@@ -126,9 +137,10 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
     K = plan.num_iters
     cache: dict[tuple, int] = {}
     for i in range(plan.n_nodes):
-        key = (plan.q[i], plan.nu[i].tobytes())
+        key = (plan.q[i], plan.nu[i].tobytes(), plan.nu_always[i].tobytes() if plan.nu_always else b"",
+               plan.delta_of(i))
         if key not in cache:
-            cache[key] = max_steps(_planned_steps(plan, i, K), budget, accountant=plan.accountant)
+            cache[key] = _max_iters(plan, i, budget)
         K = min(K, cache[key])
     if K == plan.num_iters:
         return plan
@@ -137,13 +149,14 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
                           f"iteration of {plan.algorithm!r}, got K = 0; raise the budget or the noise")
     eps = []
     for i in range(plan.n_nodes):
-        eps.append(rigorous_epsilon(_planned_steps(plan, i, K), plan.delta, accountant=plan.accountant,
+        eps.append(rigorous_epsilon(_planned_steps(plan, i, K), plan.delta_of(i), accountant=plan.accountant,
                                     adjacency=plan.adjacency))
     note = (f"budget hard stop: K truncated from {plan.num_iters} to {K} so that the rigorous eps stays <= "
             f"{budget_epsilon} (delta = {plan.delta})")
     return dataclasses.replace(
         plan, num_iters=K, clip=tuple(c[:K] for c in plan.clip), noise_std=tuple(s[:K] for s in plan.noise_std),
-        nu=tuple(v[:K] for v in plan.nu), eps_rigorous=tuple(eps), warnings=plan.warnings + (note,))
+        nu=tuple(v[:K] for v in plan.nu), nu_always=tuple(v[:K] for v in plan.nu_always), eps_rigorous=tuple(eps),
+        warnings=plan.warnings + (note,))
 
 
 def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
@@ -157,6 +170,7 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
     notes = []
     if noise:
         changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
+                       nu_always=tuple(np.full(K, np.inf) for _ in plan.nu_always),
                        eps_rigorous=(math.inf,) * plan.n_nodes, eps_paper=(math.inf,) * plan.n_nodes, private=False)
         if hasattr(plan.params, "gamma_n"):
             changes["params"] = dataclasses.replace(plan.params, gamma_n=0.0)

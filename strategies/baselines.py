@@ -1,5 +1,6 @@
-"""Update codecs for Gau-LRQ and its baselines (what a client sends, how the server reads it),
-and the client-level accountant for fixed-size client sampling.
+"""Update codecs for Gau-LRQ and its baselines (what a client sends, how the server reads it).
+
+The client-level accountant lives in :mod:`flower_dp.privacy.gau_lrq` (re-exported here).
 
 Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1), §7 (baselines), §12 (bits).  Pure numpy, no Flower:
 both :mod:`flower_dp.clients.lrq_mod` (client side) and :mod:`flower_dp.strategies.gau_lrq`
@@ -23,19 +24,16 @@ else does.  Secrets are never put in a payload, a metadata record or a log line.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 from dataclasses import dataclass
 
-import dp_accounting as dpa
 import numpy as np
-from dp_accounting import rdp
 
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import DecodeError
 from flower_dp.mechanisms import lrq
-from flower_dp.privacy import calibrate, paper
+from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule  # noqa: F401 (re-export)
 
 __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
            "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "Schedule", "client_level_epsilon",
@@ -224,117 +222,3 @@ def decode_update(payload: dict, meta: dict, spec: RoundSpec, key: bytes) -> np.
 def payload_bytes(arrays) -> int:
     """Bytes Flower really carries for a payload: sum of the serialized ``Array.data`` lengths."""
     return int(sum(len(a.data) for a in arrays))
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Client-level accounting for fixed-size sampling (B of N without replacement), spec §5.3 / §6.3
-# ---------------------------------------------------------------------------------------------
-#: RDP orders (any order set gives a valid bound; these match dp-accounting's defaults on our
-#: settings to 4 digits at ~1/15 of the cost; eps below ~0.2 would want higher orders).
-_ORDERS = (1.5, *range(2, 13), 14, 16, 20, 24, 32, 48, 64)
-
-
-@functools.lru_cache(maxsize=8192)
-def _round_rdp(N: int, B: int, z: float) -> tuple[float, ...]:
-    """RDP (per order) of one round: SampledWithoutReplacement(N, B, Gaussian(z/2)), REPLACE_ONE."""
-    acc = rdp.RdpAccountant(orders=list(_ORDERS), neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE)
-    event = dpa.GaussianDpEvent(z / 2.0)  # replace-one moves the sum by <= 2 S2; z = std / S2
-    acc.compose(event if B == N else dpa.SampledWithoutReplacementDpEvent(N, B, event))
-    return tuple(float(v) for v in acc._rdp)
-
-
-def client_level_epsilon(z, delta: float, *, B: int, N: int) -> float:
-    """Rigorous client-level eps of rounds with noise multipliers ``z`` (shape (k,)) at ``delta``.
-
-    Each round: B of N clients uniformly without replacement, sum of clipped updates (L2 <= S2)
-    plus N(0, (z_k S2)^2 I); replace-one client adjacency; dp-accounting RDP.  0 for no rounds.
-    """
-    z = np.asarray(z, dtype=np.float64).ravel()
-    if z.size == 0:
-        return 0.0
-    vals, counts = np.unique(z, return_counts=True)
-    total = sum(c * np.asarray(_round_rdp(N, B, float(v))) for v, c in zip(vals, counts))
-    eps, _ = rdp.rdp_privacy_accountant.compute_epsilon(list(_ORDERS), list(total), delta)
-    return float(eps)
-
-
-#: Integer RDP orders 2..256, as in spec §5.3's reference table (12.221, 2.398, ...).
-_POISSON_ORDERS = tuple(range(2, 257))
-
-
-@functools.lru_cache(maxsize=256)
-def _poisson_eps(z: tuple[float, ...], q: float, delta: float) -> float:
-    """Spec §5.3's approximation: Poisson(q) subsampled Gaussian, add/remove, RDP at integer orders 2..256.
-
-    RDP rather than PLD: this value is only reported, and PLD takes minutes for a dynamic schedule
-    (one PLD per distinct z at small z); RDP takes well under a second.
-    """
-    if not z:
-        return 0.0
-    acc = rdp.RdpAccountant(orders=list(_POISSON_ORDERS))
-    vals, counts = np.unique(np.asarray(z, dtype=np.float64), return_counts=True)
-    for v, c in zip(vals, counts):
-        acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(float(v))), int(c))
-    return float(acc.get_epsilon(delta))
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """Per-round noise multipliers of (Dynamic) Gau-LRQ and what they cost.
-
-    ``z`` : shape (K,), std of the noise on the SUM of the B clipped updates over S2
-    (per-client std ``sigma_k = z_k S2 / sqrt(B)``).  ``eps_rigorous``: this module's accountant
-    over all K rounds; ``eps_paper``: the closed form of Lemma 1/4 (not a valid bound, §5.2).
-    """
-
-    z: np.ndarray
-    B: int
-    N: int
-    eps_rigorous: float
-    eps_paper: float
-    warnings: tuple[str, ...] = ()
-
-    def eps_after(self, rounds: int, delta: float) -> float:
-        """Rigorous eps after the first ``rounds`` rounds."""
-        return client_level_epsilon(self.z[:rounds], delta, B=self.B, N=self.N)
-
-    def eps_paper_after(self, rounds: int, delta: float) -> float:
-        """The paper's closed form after the first ``rounds`` rounds."""
-        return paper.paper_eps_gau_lrq(self.z[:rounds], delta, B=self.B, N=self.N) if rounds else 0.0
-
-    def eps_poisson_approx_after(self, rounds: int, delta: float) -> float:
-        """Spec §5.3's "usual approximation": Poisson(q = B/N) add/remove RDP eps (reported, not relied on)."""
-        return _poisson_eps(tuple(float(v) for v in self.z[:rounds]), self.B / self.N, delta)
-
-    def rounds_within(self, epsilon: float, delta: float) -> int:
-        """Largest prefix of rounds whose rigorous eps is <= epsilon."""
-        return max((r for r in range(len(self.z) + 1) if self.eps_after(r, delta) <= epsilon), default=0)
-
-
-def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N: int, tau: float = 1.0,
-                     calibration: str = "rigorous", noise_multiplier: float | None = None) -> Schedule:
-    """Noise multipliers z_k for K rounds (spec §5.3, §6.2-6.3).
-
-    - ``noise_multiplier`` given: constant z (budget-stop mode; the budget decides the rounds).
-    - ``calibration="paper"``: ``z_k = sqrt(C' G tau^(k/2))`` (eq. 17/18; tau = 1: Alg. 1 line 2).
-    - ``calibration="rigorous"``: the same shape ``z_k ∝ tau^(k/4)``, one common scale bisected
-      until :func:`client_level_epsilon` over K rounds is <= epsilon (private side, rel. tol 1e-3).
-    """
-    check_choice("calibration", calibration, ("rigorous", "paper"))
-    K = check_int("num_rounds", num_rounds, minimum=1)
-    z_paper = paper.gau_lrq_dynamic_z(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
-    if noise_multiplier is not None:
-        z = np.full(K, check_positive("noise_multiplier", noise_multiplier))
-    elif calibration == "paper":
-        z = z_paper
-    else:
-        shape = z_paper / z_paper[0]
-        scale = calibrate(lambda s: client_level_epsilon(s * shape, delta, B=B, N=N), epsilon, 0.3, 3.0, rel_tol=1e-3)
-        z = scale * shape
-    eps_r = client_level_epsilon(z, delta, B=B, N=N)
-    warn = ()
-    if noise_multiplier is None and eps_r > epsilon * 1.001:
-        warn = (f"paper calibration: the rigorous client-level eps of this schedule is {eps_r:.4g}, above the "
-                f"target {epsilon} (the closed form is not a valid bound, spec §5.2)",)
-    return Schedule(z, B, N, eps_r, paper.paper_eps_gau_lrq(z, delta, B=B, N=N), warn)

@@ -25,10 +25,11 @@ draws exactly B of the N clients uniformly without replacement (sampling keyed b
 so the adversary cannot know it).  Each sampled client's decoded update carries its own
 N(0, sigma^2 I), so the sum over the B clients carries N(0, B sigma^2 I) = N(0, (z S2)^2 I) exactly
 when the sample size is fixed.  Under Poisson sampling the noise would grow with the sample size,
-which the Poisson-subsampled Gaussian analysis does not cover.  The matching rigorous accountant is
-dp-accounting's RDP of ``SampledWithoutReplacementDpEvent(N, B, Gaussian)`` under REPLACE_ONE
-(replacing one client's data moves the sum by <= 2 S2).  Results also report the spec's Poisson
-add/remove PLD value (``eps_poisson_approx``) and the paper's closed form (``eps_paper``).
+which the Poisson-subsampled Gaussian analysis does not cover.  The matching rigorous accountant
+(:mod:`flower_dp.privacy.gau_lrq`) charges each round the tight dominating pair of B-of-N sampling
+under replace-one client adjacency (replacing one client's data moves the sum by <= 2 S2), the
+smaller of its PLD and RDP bounds.  Results also report the paper's closed form (``eps_paper``),
+which is not a bound.
 
 Faults: a sampled client that fails (error reply or none) is dropped from the average; the trusted
 server adds N(0, sigma^2 I) per dropped client from its own keyed stream, so the released sum is
@@ -62,8 +63,8 @@ from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
 from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, load_secret, run_key
-from flower_dp.strategies.baselines import (METHODS, PAPER_NAMES, RoundSpec, Schedule, client_level_epsilon,
-                                            decode_update, gau_lrq_schedule, payload_bytes)
+from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
+from flower_dp.strategies.baselines import METHODS, PAPER_NAMES, RoundSpec, decode_update, payload_bytes
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes"]
 
@@ -459,8 +460,6 @@ class GauLRQ(FedAvg):
         out["rounds_completed"] = done
         out["eps_rigorous"] = self.rounds[-1]["eps_rigorous"] if done else 0.0
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
-        if sch is not None and self.stop_reason not in ("running", "not started"):
-            out["eps_poisson_approx"] = sch.eps_poisson_approx_after(done, self.delta)
         acc0 = (self.initial_evaluate or {}).get("accuracy")
         out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]
         out["final_accuracy"] = out["accuracy_per_round"][-1]

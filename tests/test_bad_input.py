@@ -26,7 +26,7 @@ from flower_dp.privacy import (
     PrivacyBudget,
     calibrate_noise_multiplier,
     dyn_d2p_schedule,
-    gau_lrq_calibration,
+    gau_lrq_schedule,
     rigorous_epsilon,
 )
 from flower_dp.results import ensure_writable_dir
@@ -122,7 +122,7 @@ CASES = [
      ValueError, "rho_c must be >= 1"),
     ("unknown dyn variant", lambda: dyn_d2p_schedule("fast", epsilon=1, delta=1e-5, q=0.1, num_iters=10),
      ValueError, "unknown variant 'fast'"),
-    ("B > N", lambda: gau_lrq_calibration(1.0, 1e-5, num_rounds=3, B=30, N=20), ValueError, "B must be <= 20, got 30"),
+    ("B > N", lambda: gau_lrq_schedule(epsilon=1.0, delta=1e-5, num_rounds=3, B=30, N=20), ValueError, "B must be <= 20, got 30"),
     # algorithms (config-level)
     ("unknown algorithm", _prep("fedavg"), ConfigError, "unknown algorithm 'fedavg'; valid choices"),
     ("malformed param key", _prep("dyn_d2p", epsilonn=1.0), ConfigError, "unknown parameter 'epsilonn'.*valid keys"),

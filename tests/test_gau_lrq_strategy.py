@@ -192,12 +192,12 @@ def test_bq_levels_meet_the_variance():
 
 
 def test_accountant_matches_the_project_accountant():
-    """Our fast RDP (fewer orders) equals flower_dp.privacy's dp-accounting path for fixed-size sampling."""
+    """The strategy's accountant is flower_dp.privacy's fixed-size (B of N, replace-one) accounting."""
     z = 1.3
     ours = client_level_epsilon(np.full(7, z), 1e-5, B=5, N=20)
-    ref = rigorous_epsilon([GaussianStep(0.25, z, 7, sampling="without_replacement", dataset_size=20)], 1e-5,
-                           accountant="rdp", adjacency="replace_one")
-    assert ours == pytest.approx(ref, rel=1e-9)
+    ref = rigorous_epsilon([GaussianStep(0.25, z, 7, sampling="fixed_size", dataset_size=20)], 1e-5,
+                           adjacency="replace_one")
+    assert ours == pytest.approx(ref, rel=1e-12)
 
 
 def test_dynamic_schedule_closed_form_and_worked_numbers():
@@ -287,11 +287,14 @@ def test_train_sampling_options_are_refused_but_evaluation_options_compose():
 @pytest.mark.parametrize("N,B,K,z,want", [(1920, 80, 30, None, 12.221), (1920, 80, 30, 1.0, 2.398),
                                           (1920, 80, 14, 1.058, 1.793), (960, 80, 25, 1.4138, 1.993),
                                           (1920, 80, 100, 1.0, 3.413)])
-def test_reported_poisson_eps_matches_the_spec_reference_table(N, B, K, z, want):
-    """Spec §5.3 table (Poisson q = B/N, RDP, integer orders 2..256); None = the paper's z for eps = 3 (0.5162)."""
+def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, want):
+    """Spec §5.3's table (Poisson q = B/N, add/remove, RDP) is not a bound for B-of-N sampling under replace-one:
+    the tight bound is always above it (issue 12: 50.4 against 12.2 at the paper's z), so it is no longer reported."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=K, B=B, N=N, noise_multiplier=z,
                            calibration="paper")
-    assert sch.eps_poisson_approx_after(K, 1e-5) == pytest.approx(want, abs=0.01)
-    if z is None:  # the spec §5.4 worked example: the closed form says 3, the rigorous accountants say far more
+    assert sch.eps_rigorous > want
+    if z is None:  # the spec §5.4 worked example: the closed form says 3, the rigorous accountant far more
         assert sch.z[0] == pytest.approx(0.5162, abs=1e-4) and sch.eps_paper == pytest.approx(3.0)
-        assert sch.eps_rigorous > sch.eps_poisson_approx_after(K, 1e-5) > 3
+        assert 50.3 <= sch.eps_rigorous <= 55.0
+
+

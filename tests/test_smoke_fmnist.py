@@ -15,7 +15,6 @@ import pytest
 from flower_dp.data import FASHION_MNIST_DIR
 from flower_dp.experiments import config_from_dict, run_experiment
 from flower_dp.privacy import rigorous_epsilon
-from flower_dp.privacy.accountant import GaussianStep, LaplaceStep
 
 pytestmark = pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(), reason="needs dataset-fashion-mnist (scripts/test.sh installs it)")
 
@@ -60,11 +59,9 @@ def test_fashion_mnist_smoke(case, tmp_path):
     for node, p in zip(res.nodes, res.privacy["per_node"]):
         plan, i = node.plan, node.node_id
         if plan.private:  # the reported eps is the privacy core's eps of the steps actually charged
-            K = plan.num_iters
-            assert p["steps_charged"] == K
-            steps = ([LaplaceStep(float(v)) for v in plan.nu[i][:K]] if plan.heuristic
-                     else [GaussianStep(plan.q[i], float(v)) for v in plan.nu[i][:K]])
-            core = rigorous_epsilon(steps, plan.delta, accountant=plan.accountant, adjacency=plan.adjacency)
+            steps = plan.steps(i)  # the plan's one description of the releases (PrivSGP-VR: two per iteration)
+            assert p["steps_charged"] == len(steps) == plan.num_iters * (2 if algo == "privsgp_vr" else 1)
+            core = rigorous_epsilon(steps, plan.delta_of(i), accountant=plan.accountant, adjacency=plan.adjacency)
             assert float(p["eps_rigorous"]) == pytest.approx(core, rel=1e-6)
             assert float(p["eps_rigorous_planned"]) == pytest.approx(core, rel=1e-6)
         if algo == "sgp":

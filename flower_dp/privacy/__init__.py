@@ -7,6 +7,7 @@ paper's formula claims (DESIGN.md "Privacy: tell the truth").
 from . import paper, rdp_fast
 from .accountant import (
     ACCOUNTANTS,
+    DEFAULT_ACCOUNTANT,
     ADJACENCIES,
     SAMPLINGS,
     GaussianStep,
@@ -21,7 +22,6 @@ from .calibration import (
     CALIBRATIONS,
     DPPSAccounting,
     DynD2PSchedule,
-    GauLRQCalibration,
     GaussianCalibration,
     calibrate,
     calibrate_noise_multiplier,
@@ -29,9 +29,10 @@ from .calibration import (
     dp_csgp_calibration,
     dpps_accounting,
     dyn_d2p_schedule,
-    gau_lrq_calibration,
     privsgp_vr_calibration,
 )
+from . import gau_lrq
+from .gau_lrq import client_level_epsilon, gau_lrq_schedule
 from .gdp import (
     GDPResult,
     clt_composed_mu,
@@ -68,8 +69,9 @@ __all__ = [
     "GaussianCalibration",
     "privsgp_vr_calibration",
     "dp_csgp_calibration",
-    "GauLRQCalibration",
-    "gau_lrq_calibration",
+    "client_level_epsilon",
+    "gau_lrq_schedule",
+    "gau_lrq",
     "DPPSAccounting",
     "dpps_accounting",
     "GDPResult",

@@ -1,14 +1,17 @@
-"""Rigorous accounting of a node's whole history with ``dp-accounting`` (PLD default, RDP option).
+"""Rigorous accounting of a node's whole history with ``dp-accounting`` (PLD and RDP; the tighter by default).
 
 A history is a sequence of steps, each a small frozen value object (STYLE.md 2.4):
 
 - :class:`GaussianStep` ``(q, nu, count, sampling, dataset_size)`` — ``count`` releases of a
   sum of per-record clipped values (L2 bound ``C``) plus ``N(0, (nu C)^2 I)``.  ``nu`` is the
   noise multiplier *relative to the per-record clip bound C* (std / C), whatever the
-  neighbouring relation.  ``sampling="poisson"``: each record is included independently
-  with probability ``q`` (``q = 1``: no subsampling).  ``sampling="without_replacement"``:
-  a fixed-size batch of ``q * dataset_size`` records (RDP accountant and ``replace_one`` only,
-  as in dp-accounting).
+  neighbouring relation.  ``q = 1``: no subsampling.
+
+  - ``sampling="poisson"``: each record is included independently with probability ``q``.
+  - ``sampling="fixed_size"`` (alias ``"without_replacement"``): exactly ``q * dataset_size`` records
+    drawn uniformly without replacement, or one of ``1/q`` fixed blocks drawn uniformly (PrivSGP's
+    blocks, Gau-LRQ's B of N clients).  Only under ``adjacency="replace_one"`` (removing a record
+    would change the batch size or the blocks).
 - :class:`LaplaceStep` ``(nu, count)`` — ``count`` releases with Laplace noise of scale
   ``nu * Delta_1`` (DPPS: ``nu = gamma_n / b``); pure ``1/nu``-DP each under add/remove.
 
@@ -16,13 +19,27 @@ Neighbouring relation (``adjacency``):
 
 - ``"add_remove"`` (default; the DP-SGD convention): dp-accounting's ADD_OR_REMOVE_ONE.
 - ``"replace_one"``: one record's value is replaced, so the clipped sum moves by up to 2C.
-  PLD + Gaussian steps use dp-accounting's native REPLACE_ONE relation (tight).  Everywhere
-  else (RDP + Poisson, Laplace steps, or a PLD history that mixes in Laplace steps) a
-  replace-one step is accounted as the add/remove step with half the noise multiplier
-  ``nu / 2`` (sensitivity doubles): exact without subsampling and an upper bound with it
-  (checked against the native PLD in the tests).  Fixed-size sampling without replacement
-  uses RDP's native REPLACE_ONE with ``GaussianDpEvent(nu / 2)`` (noise over the replace-one
-  sensitivity 2C, dp-accounting's convention).
+
+How each (sampling, adjacency) is charged (the table in the README):
+
+==============  ============  ==================================================================
+sampling        adjacency     event charged
+==============  ============  ==================================================================
+poisson         add_remove    PoissonSampled(q, Gaussian(nu)), ADD_OR_REMOVE_ONE (tight)
+poisson         replace_one   PLD: Gaussian(nu) under REPLACE_ONE when q = 1 and nothing else in
+                              the history needs the pair below; else as fixed_size (a valid
+                              dominating pair, an upper bound)
+fixed_size      replace_one   PoissonSampled(q, Gaussian(nu / 2)) under ADD_OR_REMOVE_ONE, i.e. the
+                              dominating pair ((1-q) N(0, nu^2) + q N(2, nu^2), N(0, nu^2)) in both
+                              orders (Balle, Barthe, Gaboardi 2018 Thm 10; Zhu, Dong, Wang 2022).
+                              RDP also tries dp-accounting's SampledWithoutReplacement(REPLACE_ONE)
+                              bound and keeps the smaller.
+fixed_size      add_remove    refused (UnsupportedEventError)
+==============  ============  ==================================================================
+
+Every one of these is a valid upper bound; ``accountant="auto"`` (the default) computes the PLD
+and the RDP bound and reports the smaller (both are upper bounds, so their minimum is one):
+PLD is tighter on short horizons, RDP on very long ones, where the PLD discretization adds up.
 
 Laplace steps with per-release eps ``1/nu > LAPLACE_BASIC_ABOVE`` (DPPS at its paper settings:
 3,000 per round) are composed by basic composition (sum of 1/nu), added to the rest's eps.
@@ -54,15 +71,19 @@ __all__ = [
     "ACCOUNTANTS",
     "ADJACENCIES",
     "SAMPLINGS",
+    "DEFAULT_ACCOUNTANT",
     "rigorous_epsilon",
     "rigorous_delta",
     "bucket_steps",
     "NodeAccountant",
 ]
 
-ACCOUNTANTS = ("pld", "rdp")
+ACCOUNTANTS = ("auto", "pld", "rdp")
 ADJACENCIES = ("add_remove", "replace_one")
-SAMPLINGS = ("poisson", "without_replacement")
+SAMPLINGS = ("poisson", "fixed_size")
+#: the older name of ``"fixed_size"``, still accepted
+SAMPLING_ALIASES = {"without_replacement": "fixed_size"}
+DEFAULT_ACCOUNTANT = "auto"
 #: PLD discretization (dp-accounting's default is 1e-4; 1e-3 is ~8x faster and still pessimistic:
 #: 1.8289 vs 1.8282 for nu=1, q=0.01, 1000 steps, delta=1e-5).  Histories with more than
 #: ``FINE_LEVELS`` distinct levels use ``PLD_DISCRETIZATION_MANY`` (~2x faster, ~0.2% higher eps).
@@ -70,6 +91,9 @@ PLD_DISCRETIZATION = 1e-3
 PLD_DISCRETIZATION_MANY = 2e-3
 FINE_LEVELS = 16
 MAX_BUCKETS = 72
+#: ``accountant="auto"`` skips the PLD for histories with a Gaussian step below this multiplier (its
+#: privacy-loss grid grows like 1/nu^2; at such noise eps is in the hundreds and RDP is as good)
+PLD_MIN_NU = 0.02
 #: ``"auto"`` bucketing rounds noise levels onto a grid uniform in ``nu**-POWER_GRID`` (see ``_bucket_power``)
 POWER_GRID = 2.0
 DEFAULT_BUCKET_REL = "auto"
@@ -90,9 +114,10 @@ class GaussianStep:
     nu : float > 0
         Noise std divided by C (``inf`` = no release, costs nothing).
     count : int >= 0
-    sampling : {"poisson", "without_replacement"}
+    sampling : {"poisson", "fixed_size"}  (``"without_replacement"`` is an alias of ``"fixed_size"``)
     dataset_size : int or None
-        Required for ``without_replacement`` (``q * dataset_size`` must be an integer).
+        Required for ``fixed_size``: the population the batch is drawn from (``q * dataset_size``
+        must be an integer: the batch size, or 1 for one of ``dataset_size`` fixed blocks).
     """
 
     q: float
@@ -105,10 +130,12 @@ class GaussianStep:
         check_probability("q", self.q, hint="q is the sampling rate B/J")
         check_positive("nu", self.nu, allow_inf=True, hint="nu is the noise std divided by the clip bound")
         check_int("count", self.count, minimum=0)
+        object.__setattr__(self, "sampling", SAMPLING_ALIASES.get(self.sampling, self.sampling))
         check_choice("sampling", self.sampling, SAMPLINGS)
-        if self.sampling == "without_replacement":
+        if self.sampling == "fixed_size":
             if self.dataset_size is None:
-                raise ValueError("dataset_size is required for sampling='without_replacement', got None")
+                raise ValueError("dataset_size is required for sampling='fixed_size' (the population B is drawn "
+                                 "from), got None")
             n = check_int("dataset_size", self.dataset_size, minimum=1)
             b = self.q * n
             if abs(b - round(b)) > 1e-6 * max(1.0, b):
@@ -210,18 +237,28 @@ def bucket_steps(
         levels = max(2, int(levels * 0.8))
 
 
-def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str):
-    """(relation, [(event, count)]) for a merged history (module doc: neighbouring relation)."""
-    swor = any(isinstance(s, GaussianStep) and s.sampling == "without_replacement" for s in merged)
+def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, native_swor: bool = False):
+    """(relation, [(event, count)]) for a merged history (module doc: the sampling/adjacency table).
+
+    ``native_swor``: the RDP alternative for fixed-size histories, dp-accounting's
+    SampledWithoutReplacement under REPLACE_ONE (valid only without Poisson-subsampled steps).
+    """
+    fixed = any(isinstance(s, GaussianStep) and s.sampling == "fixed_size" for s in merged)
     has_laplace = any(isinstance(s, LaplaceStep) for s in merged)
-    if swor and (accountant != "rdp" or adjacency != "replace_one"):
+    if fixed and adjacency != "replace_one":
         raise UnsupportedEventError(
-            f"sampling='without_replacement' is only accounted by accountant='rdp' with adjacency='replace_one', got "
-            f"accountant={accountant!r}, adjacency={adjacency!r}; use Poisson sampling or switch both"
+            f"sampling='fixed_size' (a fixed-size batch, B of N, or one of fixed blocks) is accounted under "
+            f"adjacency='replace_one' only, got adjacency={adjacency!r}; set adjacency='replace_one' (removing a "
+            "record would change the batch size) or sample Poisson in the code"
         )
-    native_replace = adjacency == "replace_one" and ((accountant == "pld" and not has_laplace) or swor)
-    relation = _R.REPLACE_ONE if native_replace else _R.ADD_OR_REMOVE_ONE
-    half = 2.0 if adjacency == "replace_one" and not (accountant == "pld" and native_replace) else 1.0
+    if native_swor:
+        relation, half = _R.REPLACE_ONE, 2.0
+    elif fixed:  # the dominating pair: add/remove PLD/RDP of Poisson(q)-sampled Gaussian(nu/2), both orders
+        relation, half = _R.ADD_OR_REMOVE_ONE, 2.0
+    else:
+        native_replace = adjacency == "replace_one" and accountant == "pld" and not has_laplace
+        relation = _R.REPLACE_ONE if native_replace else _R.ADD_OR_REMOVE_ONE
+        half = 2.0 if adjacency == "replace_one" and not native_replace else 1.0
     events = []
     for s in merged:
         if math.isinf(s.nu):
@@ -230,7 +267,7 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str):
             ev: dpa.DpEvent = dpa.LaplaceDpEvent(s.nu / half)
         else:
             ev = dpa.GaussianDpEvent(s.nu / half)
-            if s.sampling == "without_replacement":
+            if s.q < 1 and native_swor:
                 ev = dpa.SampledWithoutReplacementDpEvent(int(s.dataset_size), int(round(s.q * s.dataset_size)), ev)
             elif s.q < 1:
                 ev = dpa.PoissonSampledDpEvent(s.q, ev)
@@ -238,9 +275,16 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str):
     return relation, events
 
 
+def _native_swor_applies(merged: tuple[Step, ...]) -> bool:
+    """RDP's SampledWithoutReplacement bound applies: fixed-size steps and no Poisson-subsampled ones."""
+    gs = [s for s in merged if isinstance(s, GaussianStep) and s.q < 1]
+    return bool(gs) and all(s.sampling == "fixed_size" for s in gs)
+
+
 @functools.lru_cache(maxsize=64)
-def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discretization: float):
-    relation, events = _plan_events(merged, accountant, adjacency)
+def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discretization: float,
+             native_swor: bool = False):
+    relation, events = _plan_events(merged, accountant, adjacency, native_swor)
     if accountant == "pld":
         acc = pld.PLDAccountant(relation, value_discretization_interval=discretization)
     else:
@@ -270,28 +314,49 @@ def _split_pure(merged: tuple[Step, ...], adjacency: str) -> tuple[tuple[Step, .
     return rest, float(sum(s.count * factor / s.nu for s in pure))
 
 
+def _variants(merged: tuple[Step, ...], accountant: str, adjacency: str) -> list[tuple[str, bool]]:
+    """The (accountant, native_swor) computations whose minimum is reported (each a valid upper bound)."""
+    kinds = ("pld", "rdp") if accountant == "auto" else (accountant,)
+    if accountant == "auto" and min((s.nu for s in merged if isinstance(s, GaussianStep)), default=1.0) < PLD_MIN_NU:
+        kinds = ("rdp",)  # the PLD grid of a nearly noiseless step would not fit in memory; eps is huge anyway
+    out = [(k, False) for k in kinds]
+    if "rdp" in kinds and adjacency == "replace_one" and _native_swor_applies(merged):
+        out.append(("rdp", True))
+    return out
+
+
+def _bound(merged, accountant, adjacency, discretization, native, query) -> float:
+    try:
+        acc, nonempty = _compose(merged, accountant, adjacency, float(discretization), native)
+    except UnsupportedEventError:
+        if native:  # the alternative bound does not cover this history; the pair bound does
+            return math.inf
+        raise
+    return query(acc) if nonempty else 0.0
+
+
 def rigorous_epsilon(
     steps: Iterable[Step],
     delta: float,
     *,
-    accountant: str = "pld",
+    accountant: str = DEFAULT_ACCOUNTANT,
     adjacency: str = "add_remove",
     bucket_rel: float | str = DEFAULT_BUCKET_REL,
     max_buckets: int = MAX_BUCKETS,
     discretization: float | None = None,
 ) -> float:
-    """The (eps, delta)-DP epsilon of a whole history, from a rigorous accountant.
+    """The (eps, delta)-DP epsilon of a whole history: the smallest of the valid upper bounds computed.
 
     Parameters
     ----------
     steps : iterable of GaussianStep / LaplaceStep
         The history (order does not change the result).
     delta : float in (0, 1)
-    accountant : {"pld", "rdp"}
-        PLD (tight; pessimistic estimate, discretization ``discretization``) or RDP (looser,
-        dp-accounting's default orders), both from ``dp-accounting``.
+    accountant : {"auto", "pld", "rdp"}
+        ``"pld"``: dp-accounting's PLD (pessimistic estimate, discretization ``discretization``);
+        ``"rdp"``: dp-accounting's RDP (default orders); ``"auto"`` (default): the smaller of the two.
     adjacency : {"add_remove", "replace_one"}
-        See the module docstring for how replace-one is accounted.
+        See the module docstring for how each sampling is accounted under each relation.
     bucket_rel : float or "auto"
         Relative grid step for rounding noise levels down before merging (0: exact).
     max_buckets : int
@@ -311,10 +376,12 @@ def rigorous_epsilon(
         return eps_pure
     if discretization is None:
         discretization = PLD_DISCRETIZATION if len(merged) <= FINE_LEVELS else PLD_DISCRETIZATION_MANY
-    acc, nonempty = _compose(merged, accountant, adjacency, float(discretization))
-    if not nonempty:
-        return eps_pure
-    eps = float(acc.get_epsilon(delta)) + eps_pure
+
+    def query(acc) -> float:
+        return float(acc.get_epsilon(delta))
+
+    eps = min(_bound(merged, a, adjacency, discretization, native, query)
+              for a, native in _variants(merged, accountant, adjacency)) + eps_pure
     return eps if math.isfinite(eps) else float("inf")
 
 
@@ -322,7 +389,7 @@ def rigorous_delta(
     steps: Iterable[Step],
     epsilon: float,
     *,
-    accountant: str = "pld",
+    accountant: str = DEFAULT_ACCOUNTANT,
     adjacency: str = "add_remove",
     bucket_rel: float | str = DEFAULT_BUCKET_REL,
     max_buckets: int = MAX_BUCKETS,
@@ -335,8 +402,12 @@ def rigorous_delta(
     epsilon -= eps_pure
     if not merged:
         return 0.0
-    acc, nonempty = _compose(merged, accountant, adjacency, PLD_DISCRETIZATION)
-    return float(acc.get_delta(epsilon)) if nonempty else 0.0
+
+    def query(acc) -> float:
+        return float(acc.get_delta(epsilon))
+
+    return min(_bound(merged, a, adjacency, PLD_DISCRETIZATION, native, query)
+               for a, native in _variants(merged, accountant, adjacency))
 
 
 class NodeAccountant:
@@ -346,7 +417,7 @@ class NodeAccountant:
     ``DpEventBuilder``); :meth:`epsilon` runs the rigorous accountant on it (memoised).
     """
 
-    def __init__(self, accountant: str = "pld", adjacency: str = "add_remove") -> None:
+    def __init__(self, accountant: str = DEFAULT_ACCOUNTANT, adjacency: str = "add_remove") -> None:
         self.accountant = check_choice("accountant", accountant, ACCOUNTANTS)
         self.adjacency = check_choice("adjacency", adjacency, ADJACENCIES)
         self._ledger: list[Step] = []
@@ -365,10 +436,12 @@ class NodeAccountant:
         """Record a step; returns ``self`` so calls chain."""
         if not isinstance(step, (GaussianStep, LaplaceStep)):
             raise UnsupportedEventError(f"unsupported privacy step {step!r}; use GaussianStep or LaplaceStep")
-        if self._ledger and type(self._ledger[-1]) is type(step):
-            last = self._ledger[-1]
-            if {**last.__dict__, "count": 0} == {**step.__dict__, "count": 0}:
-                self._ledger[-1] = type(step)(**{**last.__dict__, "count": last.count + step.count})
+        # equal steps are merged wherever they are (composition does not depend on order): a PrivSGP-VR
+        # node charges two alternating steps per iteration, and its ledger stays two entries long
+        for j in range(len(self._ledger) - 1, max(-1, len(self._ledger) - 9), -1):
+            last = self._ledger[j]
+            if type(last) is type(step) and {**last.__dict__, "count": 0} == {**step.__dict__, "count": 0}:
+                self._ledger[j] = type(step)(**{**last.__dict__, "count": last.count + step.count})
                 return self
         self._ledger.append(step)
         return self

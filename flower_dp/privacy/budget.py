@@ -79,7 +79,7 @@ def max_steps(
     steps,
     budget: PrivacyBudget,
     *,
-    accountant: str = "pld",
+    accountant: str = "auto",
     spent: Sequence = (),
     limit: int = 1_000_000,
 ) -> int:
@@ -137,7 +137,7 @@ class BudgetTracker:
     node : int or None  named in errors
     """
 
-    def __init__(self, budget: PrivacyBudget, *, accountant: str = "pld", node: int | None = None) -> None:
+    def __init__(self, budget: PrivacyBudget, *, accountant: str = "auto", node: int | None = None) -> None:
         if not isinstance(budget, PrivacyBudget):
             raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
         self.budget = budget

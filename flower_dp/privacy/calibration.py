@@ -35,8 +35,6 @@ __all__ = [
     "GaussianCalibration",
     "privsgp_vr_calibration",
     "dp_csgp_calibration",
-    "GauLRQCalibration",
-    "gau_lrq_calibration",
     "DPPSAccounting",
     "dpps_accounting",
 ]
@@ -81,7 +79,7 @@ def calibrate_noise_multiplier(
     q: float,
     steps: int,
     *,
-    accountant: str = "pld",
+    accountant: str = "auto",
     adjacency: str = "add_remove",
     sampling: str = "poisson",
     dataset_size: int | None = None,
@@ -111,7 +109,7 @@ def calibrate_schedule(
     delta: float,
     q: float,
     *,
-    accountant: str = "pld",
+    accountant: str = "auto",
     adjacency: str = "add_remove",
     rel_tol: float = 5e-3,
 ) -> float:
@@ -241,7 +239,7 @@ def dyn_d2p_schedule(
     rho_mu: float = 2.0,
     calibration: str = "rigorous",
     sensitivity_factor: int = 1,
-    accountant: str = "pld",
+    accountant: str = "auto",
 ) -> DynD2PSchedule:
     """The (C_k, sigma_k) table of a Dyn-D2P variant, identical at every node.
 
@@ -303,10 +301,8 @@ def dyn_d2p_schedule(
 # per-algorithm calibrations live in their own module; re-exported here (import at the end: they use the above)
 from .calibration_algos import (  # noqa: E402
     DPPSAccounting,
-    GauLRQCalibration,
     GaussianCalibration,
     dp_csgp_calibration,
     dpps_accounting,
-    gau_lrq_calibration,
     privsgp_vr_calibration,
 )

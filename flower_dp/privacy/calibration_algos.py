@@ -14,15 +14,14 @@ import numpy as np
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
 from . import paper
-from .accountant import GaussianStep, LaplaceStep, rigorous_epsilon
-from .calibration import CALIBRATIONS, calibrate_noise_multiplier, calibrate_schedule
+from . import rdp_fast
+from .accountant import SAMPLING_ALIASES, SAMPLINGS, GaussianStep, LaplaceStep, rigorous_epsilon
+from .calibration import CALIBRATIONS, calibrate, calibrate_noise_multiplier, calibrate_schedule
 
 __all__ = [
     "GaussianCalibration",
     "privsgp_vr_calibration",
     "dp_csgp_calibration",
-    "GauLRQCalibration",
-    "gau_lrq_calibration",
     "DPPSAccounting",
     "dpps_accounting",
 ]
@@ -30,7 +29,14 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GaussianCalibration:
-    """A constant-noise Gaussian calibration: ``nu`` per step, the std it means, and both eps."""
+    """A constant-noise Gaussian calibration: the std to add, the accountant steps it means, and both eps.
+
+    One noise release per iteration, described once: ``noise_std`` is what the node draws,
+    :meth:`steps` is what the accountant charges for it.  The sampled part has multiplier ``nu``
+    (std over the per-record clip unit) with rate ``q`` and ``sampling``; ``nu_always`` (PrivSGP-VR's
+    table average, present at every step whichever block is drawn) is a non-sampled Gaussian
+    charged alongside (``inf``: none).
+    """
 
     calibration: str
     epsilon: float
@@ -42,16 +48,54 @@ class GaussianCalibration:
     eps_rigorous: float
     eps_paper: float
     warnings: tuple[str, ...] = ()
+    sampling: str = "poisson"
+    dataset_size: int | None = None
+    nu_always: float = math.inf
+    adjacency: str = "add_remove"
+
+    def steps(self, count: int | None = None) -> list[GaussianStep]:
+        """The accountant steps of ``count`` iterations (default: all ``num_iters``)."""
+        return _step_pair(self.q, self.nu, self.nu_always, self.num_iters if count is None else count,
+                          self.sampling, self.dataset_size)
+
+
+def _step_pair(q, nu, nu_always, count, sampling, dataset_size) -> list[GaussianStep]:
+    out = [GaussianStep(q, nu, count, sampling, dataset_size if sampling == "fixed_size" else None)]
+    if math.isfinite(nu_always):
+        out.append(GaussianStep(1.0, nu_always, count))
+    return out
 
 
 def _gaussian_record(calibration, epsilon, delta, q, K, nu, std, eps_paper, accountant, adjacency,
-                     sampling="poisson", dataset_size=None) -> GaussianCalibration:
-    step = GaussianStep(q, nu, K, sampling, dataset_size)
-    eps_rig = rigorous_epsilon([step], delta, accountant=accountant, adjacency=adjacency)
+                     sampling="poisson", dataset_size=None, nu_always=math.inf) -> GaussianCalibration:
+    sampling = SAMPLING_ALIASES.get(sampling, sampling)
+    steps = _step_pair(q, nu, nu_always, K, sampling, dataset_size)
+    eps_rig = rigorous_epsilon(steps, delta, accountant=accountant, adjacency=adjacency)
     notes = ()
     if eps_rig > epsilon * 1.001:
         notes = (f"{calibration} calibration: rigorous eps = {eps_rig:.4g} exceeds the target {epsilon}",)
-    return GaussianCalibration(calibration, epsilon, delta, q, K, nu, std, eps_rig, eps_paper, notes)
+    return GaussianCalibration(calibration, epsilon, delta, q, K, nu, std, eps_rig, eps_paper, notes, sampling,
+                               dataset_size if sampling == "fixed_size" else None, nu_always, adjacency)
+
+
+#: candidate shares of the noise variance given to PrivSGP-VR's always-present table term
+_TABLE_SHARES = np.geomspace(1e-4, 0.5, 60)
+
+
+def _vr_table_share(q: float, K: int, c_sampled: float, c_always: float, std: float, delta: float) -> float:
+    """Share ``a`` of the variance that the always-present term gets, minimising a fast RDP proxy.
+
+    Splitting one Gaussian ``N(0, std^2)`` into independent ``N(0, (1-a) std^2) + N(0, a std^2)`` and
+    charging each part for its own sensitivity is valid for every ``a`` (the release is a post-processing
+    of the two parts), so the choice only affects tightness; it depends on public values only.
+    """
+    a = _TABLE_SHARES
+    nu_s = std * np.sqrt(1 - a) / c_sampled / 2.0  # replace-one: sensitivity 2 c, proxy in add/remove units
+    nu_a = std * np.sqrt(a) / c_always / 2.0
+    orders = rdp_fast.ORDERS.astype(np.float64)
+    total = K * (rdp_fast.rdp_poisson_gaussian(q, nu_s) + orders[None, :] / (2.0 * nu_a[:, None] ** 2))
+    eps = total + np.log1p(-1.0 / orders) - (np.log(delta) + np.log(orders)) / (orders - 1)
+    return float(a[int(np.argmin(eps.min(axis=1)))])
 
 
 def privsgp_vr_calibration(
@@ -65,38 +109,85 @@ def privsgp_vr_calibration(
     vr: bool = True,
     calibration: str = "rigorous",
     c2: float | None = None,
-    accountant: str = "pld",
-    adjacency: str = "add_remove",
-    sampling: str = "poisson",
+    accountant: str = "auto",
+    adjacency: str | None = None,
+    sampling: str = "fixed_size",
+    noise_std: float | None = None,
 ) -> GaussianCalibration:
-    """Noise for one PrivSGP-VR (``vr=True``) / PrivSGP node (privsgp-vr.md 4.2, 4.5, 8.5, 8.6 DECISIONs).
+    """Noise for one PrivSGP-VR (``vr=True``) / PrivSGP / DP2-SGD node (privsgp-vr.md 4.2, 4.5, 8.4-8.6).
 
-    The released gradient is bounded by ``3G`` (VR) or ``G``; with blocks of ``b`` samples the
-    block-mean has sensitivity ``3G / b`` and sampling rate ``q = b / J``.  ``noise_std`` is the
-    std added to that block-mean gradient; ``nu = noise_std * b / (3G)``.  ``paper`` uses eq. (11)
-    (``c2`` required; the formula is independent of b, spec 8.6).  ``sampling="without_replacement"``
-    (one uniform block, the paper's literal sampling) needs ``adjacency="replace_one"`` and
-    ``accountant="rdp"`` (dp-accounting supports it only there).
+    ``sampling="fixed_size"`` (PrivSGP, PrivSGP-VR: the code splits the data once into ``J // block``
+    fixed blocks and draws one uniformly per step, ``q = 1 / (J // block)``), replace-one adjacency
+    (the default for it; add/remove is refused).  Per-sample gradients are clipped to ``G``:
+
+    - PrivSGP releases the block mean ``h``: replacing one record moves it by ``2G / b``, so the
+      per-record unit is ``C = G / b`` and ``nu = noise_std / C``.
+    - PrivSGP-VR releases ``h - T[blk] + avg``.  When the target's block is drawn, ``h - T[blk]`` moves
+      by up to ``4G / b`` (unit ``C = 2G / b``); the table average ``avg`` moves by up to
+      ``2G / (b n_blocks)`` at *every* step, drawn or not (spec 8.4).  The noise is split (validly) into
+      a sampled part with variance share ``1 - a`` (``nu``) and an always-present part with share ``a``
+      (``nu_always``, unit ``G / (b n_blocks)``), ``a`` chosen on public values to minimise eps.
+
+    ``sampling="poisson"`` (DP2-SGD, A(DP)2SGD: Poisson batches of expected size ``block`` = B,
+    ``q = B / J``, unit ``C = G / B``, add/remove by default).
+
+    ``paper`` uses eq. (11) (``c2`` required; the formula is independent of b, spec 8.6).
+    ``noise_std`` given: that std (> 0), split and accounted the same way (``eps_paper`` is nan).
     """
     check_choice("calibration", calibration, CALIBRATIONS)
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
     K, J, block = check_int("num_iters", num_iters, minimum=1), check_int("J", J, minimum=1), check_int("block", block, minimum=1)
-    sens = (3.0 if vr else 1.0) * check_positive("G", G) / block
-    q = min(1.0, block / J)
-    if calibration == "paper":
+    G = check_positive("G", G)
+    sampling = check_choice("sampling", SAMPLING_ALIASES.get(sampling, sampling), SAMPLINGS)
+    if adjacency is None:
+        adjacency = "replace_one" if sampling == "fixed_size" else "add_remove"
+    if sampling == "fixed_size":
+        if adjacency != "replace_one":
+            raise ValueError(f"fixed-size blocks are accounted under adjacency='replace_one' only, got {adjacency!r}; "
+                             "leave adjacency unset (removing a record would change the blocks)")
+        n_blocks = J // block
+        if n_blocks < 1:
+            raise ValueError(f"block = {block} exceeds J = {J}, got no block; lower the block size")
+        q, population = 1.0 / n_blocks, n_blocks
+    else:
+        if vr:
+            raise ValueError("PrivSGP-VR draws fixed blocks; sampling='poisson' is for DP2-SGD / A(DP)2SGD")
+        q, population = min(1.0, block / J), None
+    c_sampled = (2.0 if vr else 1.0) * G / block
+    c_always = G / (block * population) if vr else math.inf
+
+    def split(std: float) -> tuple[float, float]:
+        if not vr:
+            return std / c_sampled, math.inf
+        a = _vr_table_share(q, K, c_sampled, c_always, std, delta)
+        return std * math.sqrt(1 - a) / c_sampled, std * math.sqrt(a) / c_always
+
+    def eps_of(std: float) -> float:
+        nu, nu_a = split(std)
+        return rigorous_epsilon(_step_pair(q, nu, nu_a, K, sampling, population), delta, accountant=accountant,
+                                adjacency=adjacency)
+
+    if noise_std is not None:
+        std, eps_paper = check_positive("noise_std", noise_std), float("nan")
+    elif calibration == "paper":
         if c2 is None:
             raise ValueError("calibration='paper' needs c2 (the paper never gives it; 0.3724 reproduces K* = 3120)")
         std = paper.paper_sigma_privsgp_vr(epsilon, delta, num_iters=K, J=J, G=G, c2=c2, vr=vr)
-        nu = std / sens
         eps_paper = epsilon
     else:
-        nu = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency,
-                                        sampling=sampling, dataset_size=J)
-        std = nu * sens
+        if vr:
+            nu0 = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency,
+                                             sampling=sampling, dataset_size=population)
+            s0 = nu0 * c_sampled  # the sampled part alone: a lower end for the total std
+            std = calibrate(eps_of, epsilon, s0, s0 * 1.5, rel_tol=2e-3)
+        else:
+            std = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency,
+                                             sampling=sampling, dataset_size=population) * c_sampled
         eps_paper = float("nan") if c2 is None else epsilon * paper.paper_sigma_privsgp_vr(
             epsilon, delta, num_iters=K, J=J, G=G, c2=c2, vr=vr) / std  # the formula's eps ~ 1/sigma
+    nu, nu_a = split(std)
     return _gaussian_record(calibration, epsilon, delta, q, K, nu, std, eps_paper, accountant, adjacency,
-                            sampling, J)
+                            sampling, population, nu_a)
 
 
 def dp_csgp_calibration(
@@ -109,7 +200,7 @@ def dp_csgp_calibration(
     G: float,
     calibration: str = "rigorous",
     c2: float = 1.0,
-    accountant: str = "pld",
+    accountant: str = "auto",
 ) -> GaussianCalibration:
     """Noise std on the batch-mean clipped gradient for DP-CSGP (dp-csgp.md 4.1-4.3).
 
@@ -131,63 +222,6 @@ def dp_csgp_calibration(
 
 
 @dataclass(frozen=True)
-class GauLRQCalibration:
-    """Per-round noise multipliers ``z_k`` (std of the noise on the client SUM over S2) for Gau-LRQ.
-
-    Per-client per-coordinate std is ``sigma_k = z_k S2 / sqrt(B)`` (gau-lrq.md 5.3).
-    """
-
-    calibration: str
-    epsilon: float
-    delta: float
-    q: float
-    z: np.ndarray = field(repr=False)
-    eps_rigorous: float
-    eps_paper: float
-    warnings: tuple[str, ...] = ()
-
-    def sigma(self, k: int, S2: float, B: int) -> float:
-        return float(self.z[k] * S2 / math.sqrt(B))
-
-
-def gau_lrq_calibration(
-    epsilon: float,
-    delta: float,
-    *,
-    num_rounds: int,
-    B: int,
-    N: int,
-    tau: float = 1.0,
-    calibration: str = "rigorous",
-    accountant: str = "pld",
-) -> GauLRQCalibration:
-    """Client-level calibration of (Dynamic) Gau-LRQ (gau-lrq.md 5.3, 6.3).
-
-    ``tau = 1`` is the fixed scheme.  ``paper``: the closed form (Lemma 4, eq. 17/18);
-    ``rigorous``: the same shape ``z_k ∝ tau^(k/4)`` with a common scale bisected until the
-    Poisson(q = B/N)-subsampled Gaussian accountant meets the target.
-    """
-    check_choice("calibration", calibration, CALIBRATIONS)
-    epsilon, delta = check_epsilon(epsilon), check_delta(delta)
-    K = check_int("num_rounds", num_rounds, minimum=1)
-    N = check_int("N", N, minimum=1)
-    B = check_int("B", B, minimum=1, maximum=N)
-    q = B / N
-    z_paper = paper.gau_lrq_dynamic_z(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
-    if calibration == "paper":
-        z = z_paper
-    else:
-        shape = z_paper / z_paper[0]
-        z = calibrate_schedule(shape, epsilon, delta, q, accountant=accountant) * shape
-    eps_rig = rigorous_epsilon([GaussianStep(q, float(s)) for s in z], delta, accountant=accountant)
-    eps_pap = paper.paper_eps_gau_lrq(z, delta, B=B, N=N)
-    notes = ()
-    if eps_rig > epsilon * 1.001:
-        notes = (f"paper calibration: rigorous eps = {eps_rig:.4g} exceeds the target {epsilon}",)
-    return GauLRQCalibration(calibration, epsilon, delta, q, z, eps_rig, eps_pap, notes)
-
-
-@dataclass(frozen=True)
 class DPPSAccounting:
     """DPPS/PartPSP privacy numbers: per-round paper eps, basic composition, and a Laplace
     composition over rounds.  HEURISTIC: the sensitivity is an estimate published in the clear."""
@@ -200,7 +234,7 @@ class DPPSAccounting:
     warnings: tuple[str, ...] = ()
 
 
-def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str = "pld") -> DPPSAccounting:
+def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str = "auto") -> DPPSAccounting:
     """Per-round ``b / gamma_n(t)`` (Theorem 1), their sum, and the accountant's Laplace composition.
 
     Parameters
