@@ -33,3 +33,22 @@ def test_accountant_errors_name_the_problem(capsys):
     assert "exactly one of --sigma" in capsys.readouterr().err
     assert main(["accountant", "--sigma", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
     assert "q must be in (0, 1], got 2.0" in capsys.readouterr().err
+
+
+def test_accountant_fixed_size_sampling_gau_lrq_mnist(capsys):
+    """Issue 12: the paper's Gau-LRQ MNIST setting, B = 80 of N = 1920 clients, replace-one: one line per bound;
+    the reported (smaller) one is between 50.3 and 55 (the PLD of the dominating pair, 50.43)."""
+    rc = main(["accountant", "--sigma", "0.51624", "--batch", "80", "--population", "1920", "--steps", "30",
+               "--delta", "1e-5", "--sampling", "fixed_size", "--adjacency", "replace_one"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    vals = {k: float(v) for k, v in re.findall(r"^(pld|rdp|reported)[^:]*: eps = ([0-9.]+)", out, re.M)}
+    assert set(vals) == {"pld", "rdp", "reported"}
+    assert 50.3 <= vals["reported"] <= 55 and vals["reported"] == min(vals["pld"], vals["rdp"])
+    assert "80 of 1920 without replacement" in out
+
+
+def test_accountant_fixed_size_needs_replace_one(capsys):
+    assert main(["accountant", "--sigma", "1", "--batch", "8", "--population", "100", "--steps", "10",
+                 "--delta", "1e-5", "--sampling", "fixed_size"]) == 2
+    assert "--adjacency replace_one" in capsys.readouterr().err
