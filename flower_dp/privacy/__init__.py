@@ -20,15 +20,17 @@ from .accountant import (
 from .budget import UNITS, BudgetTracker, PrivacyBudget, max_steps
 from .calibration import (
     CALIBRATIONS,
-    DPPSAccounting,
     DynD2PSchedule,
-    GaussianCalibration,
     calibrate,
     calibrate_noise_multiplier,
     calibrate_schedule,
+    dyn_d2p_schedule,
+)
+from .calibration_algos import (
+    DPPSAccounting,
+    GaussianCalibration,
     dp_csgp_calibration,
     dpps_accounting,
-    dyn_d2p_schedule,
     privsgp_vr_calibration,
 )
 from . import gau_lrq

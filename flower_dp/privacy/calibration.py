@@ -32,11 +32,6 @@ __all__ = [
     "calibrate_schedule",
     "DynD2PSchedule",
     "dyn_d2p_schedule",
-    "GaussianCalibration",
-    "privsgp_vr_calibration",
-    "dp_csgp_calibration",
-    "DPPSAccounting",
-    "dpps_accounting",
 ]
 
 CALIBRATIONS = ("rigorous", "paper")
@@ -296,13 +291,3 @@ def dyn_d2p_schedule(
         warnings.warn(f"Dyn-D2P {variant}: " + notes[-1], stacklevel=2)
     return DynD2PSchedule(variant, calibration, epsilon, delta, q, clip, nu, nu * f * clip,
                           eps_rig, eps_paper, mu_tot, tuple(notes), f)
-
-
-# per-algorithm calibrations live in their own module; re-exported here (import at the end: they use the above)
-from .calibration_algos import (  # noqa: E402
-    DPPSAccounting,
-    GaussianCalibration,
-    dp_csgp_calibration,
-    dpps_accounting,
-    privsgp_vr_calibration,
-)
