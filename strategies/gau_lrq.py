@@ -452,7 +452,10 @@ class GauLRQ(FedAvg):
                "run": self.run_info,
                "privacy": None if sch is None else {
                    "unit": "client", "adjacency": "replace_one", "sampling": "fixed-size B of N without replacement",
-                   "accountant": "dp-accounting RDP, SampledWithoutReplacement(N, B, Gaussian(z/2))",
+                   "accountant": "min(PLD, RDP) of the fixed-size dominating pair: PoissonSampled(B/N, Gaussian(z/2)) "
+                                 "under add/remove, both orders (flower_dp.privacy.gau_lrq)",
+                   "note": "client-level guarantee (a client's whole data replaced); record-level only when clients "
+                           "hold disjoint data",
                    "z": sch.z.tolist(), "eps_rigorous_plan": sch.eps_rigorous, "eps_paper_plan": sch.eps_paper,
                    "warnings": list(sch.warnings)},
                "rounds": self.rounds, "stop_reason": self.stop_reason}
