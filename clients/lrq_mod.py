@@ -7,6 +7,17 @@ to S2 (Eq. 10), encodes it with the method the server asked for (LRQ: Eq. 11, st
 (run secret, round, partition id)) and replaces the reply's weights by the bit-packed integer
 message plus its public metadata.  Only :class:`flower_dp.strategies.gau_lrq.GauLRQ` can read it.
 
+What leaves the client (DESIGN.md "Privacy: tell the truth")
+-----------------------------------------------------------
+The encoded update, its public metadata (in ``META_KEY``: the decoding parameters, the partition id
+that keys the stream, and the message's bit counts, :data:`RELEASED_STATS`, which are functions of the
+sent message), and the user's own reply metrics, untouched.  The mod adds nothing to the user's
+MetricRecord: the clean update's norm, max-abs value, clipped flag and the bit counts derived from the
+clean A (``bits_paper``, ``bits_fixed``) stay on the client unless the mod is built with
+``debug_metrics=True`` (then they go into the MetricRecord as ``gau-lrq.*``, uncharged).  For
+``method="none"`` (no privacy claim, the update is sent in the clear) every statistic is a function of
+the message and goes into the metadata.
+
 Shared secret and trust model (§2.3-2.4)
 ---------------------------------------
 The server is trusted: it holds the run secret and decodes each client's update.  Client and
@@ -38,7 +49,7 @@ from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.strategies.baselines import RoundSpec, encode_update
 
 __all__ = ["run_key", "gau_lrq_mod", "make_gau_lrq_mod", "make_lrq_client_app", "load_secret", "KEYS",
-           "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG"]
+           "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META"]
 
 #: ConfigRecord keys the server sends (public values only).
 KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
@@ -48,6 +59,10 @@ PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
 META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
 SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
 SECRET_RUN_CONFIG = "lrq-secret-file"
+#: encode_update stats that are functions of the sent message (post-processing): sent in META_KEY as "gau-lrq.<name>"
+RELEASED_STATS = ("bits_algorithmic", "bits_entropy")
+#: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
+PARTITION_META = "gau-lrq.partition-id"
 _MOD = "gau_lrq_mod"
 
 
@@ -92,8 +107,13 @@ def _spec_from(cfg) -> RoundSpec:
                      layer_dtype=str(cfg.get(KEYS["layer_dtype"], "float64")))
 
 
-def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: bytes | None = None):
-    """A Flower mod ``(msg, ctx, call_next) -> Message`` bound to a secret source (see module docstring)."""
+def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: bytes | None = None,
+                     debug_metrics: bool = False):
+    """A Flower mod ``(msg, ctx, call_next) -> Message`` bound to a secret source (see module docstring).
+
+    ``debug_metrics=True`` also puts the clean update's statistics (norm, max-abs, clipped flag, bits
+    from the clean A) into the reply's MetricRecord as ``gau-lrq.*``: not charged by the accountant.
+    """
 
     def mod(msg: Message, ctx: Context, call_next) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
@@ -141,13 +161,17 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
         payload, meta, stats = encode_update(delta, spec, key)
         del out.content.array_records[rkey]
         out.content[PAYLOAD_KEY] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in payload.items()})
+        meta[PARTITION_META] = int(ctx.node_config["partition-id"])
+        for k, v in stats.items():  # only functions of the sent message (all of them for the clear "none")
+            if k in RELEASED_STATS or spec.method == "none":
+                meta[f"gau-lrq.{k}"] = float(v)
         out.content[META_KEY] = ConfigRecord(meta)
-        if len(out.content.metric_records) == 0:
-            out.content["metrics"] = MetricRecord({})
-        mrec = next(iter(out.content.metric_records.values()))
-        mrec["partition-id"] = int(ctx.node_config["partition-id"])
-        for k, v in stats.items():
-            mrec[f"gau-lrq.{k}"] = float(v)
+        if debug_metrics and spec.method != "none":  # explicit opt-in: statistics of the clean update, uncharged
+            if len(out.content.metric_records) == 0:
+                out.content["metrics"] = MetricRecord({})
+            mrec = next(iter(out.content.metric_records.values()))
+            for k, v in stats.items():
+                mrec[f"gau-lrq.{k}"] = float(v)
         return out
 
     mod.__name__ = _MOD
@@ -160,14 +184,14 @@ gau_lrq_mod = make_gau_lrq_mod()
 
 def make_lrq_client_app(train_fn: Callable[[Message, Context], Message],
                         evaluate_fn: Callable[[Message, Context], Message] | None = None,
-                        *, secret_file: str | os.PathLike | None = None) -> ClientApp:
+                        *, secret_file: str | os.PathLike | None = None, debug_metrics: bool = False) -> ClientApp:
     """A ClientApp running the user's unchanged ``train_fn`` (and ``evaluate_fn``) under the Gau-LRQ mod.
 
     ``train_fn(msg, ctx) -> Message`` is an ordinary Flower train function: it receives the global
     weights (one ArrayRecord) and a ConfigRecord, and replies with the trained weights under the
     same keys plus a MetricRecord (``num-examples``, ...).
     """
-    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+    app = ClientApp(mods=[make_gau_lrq_mod(secret_file, debug_metrics=debug_metrics)])
     app.train()(train_fn)
     if evaluate_fn is not None:
         app.evaluate()(evaluate_fn)

@@ -75,7 +75,13 @@ class ToyQuadraticNode:
         At iteration ``crash_at``, the first node to create the file ``crash_marker`` SIGKILLs the
         process holding it (to test a worker dying mid-segment, once per marker).
     device : str
+
+    The node makes no privacy claim (its noise is not accounted, its reduce step sends the clean
+    gradient norm): ``private = False``, so its metrics are released (:mod:`flower_dp.releases`).
     """
+
+    #: no privacy claim: nothing is charged, eps = inf (flower_dp.releases.node_is_private)
+    private = False
 
     def __init__(self, node_id: int, topology: Any, *, dim: int = 16, lr: float = 0.2, noise_std: float = 0.05,
                  seed: int = 0, use_reduce: bool = True, stall_at: int = -1, stall_s: float = 0.0, crash_at: int = -1,

@@ -141,7 +141,10 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
     -------
     payload : dict[str, ndarray]   arrays to send
     meta : dict[str, int | float | str]   public metadata to send (includes the LRQ integrity tag)
-    stats : dict[str, float]   metrics: norm before clipping, clipped flag, A = ||Dt||_inf, bits
+    stats : dict[str, float]   metrics: norm before clipping, clipped flag, A = ||Dt||_inf, bits.
+        Only ``bits_algorithmic`` and ``bits_entropy`` are functions of the sent message (post-processing);
+        the others (and LRQ's ``bits_paper`` / ``bits_fixed``, computed from the clean A) are statistics of
+        private data that :mod:`flower_dp.clients.lrq_mod` keeps on the client unless ``debug_metrics``.
     """
     d = int(np.asarray(delta).size)
     if spec.method == "none":
@@ -166,9 +169,11 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
         st["bits_algorithmic"] = 32.0 * d
         return {"u": v.astype(np.float32)}, {"d": d}, st
     if spec.method == "qg":  # Alg. 2: noise first, then a b-bit unbiased stochastic grid on [-s, s]
-        b = max(1, lrq.lrq_bits_fixed(A, spec.sigma))
         v = dt + spec.sigma * rng.standard_normal(d)
         s = float(np.float32(np.abs(v).max(initial=0.0))) or 1.0
+        # b (sent in meta) from the noised range s, not the clean A = ||Dt||_inf: post-processing of the
+        # Gaussian release, so the bit width leaks nothing the accountant did not charge
+        b = max(1, lrq.lrq_bits_fixed(s, spec.sigma))
         levels = (1 << b) - 1
         pos = (v + s) / (2 * s) * levels
         t = np.clip(np.floor(pos + rng.random(d)), 0, levels).astype(np.int64)

@@ -62,7 +62,7 @@ from flower_dp._checks import check_choice, check_delta, check_epsilon, check_in
 from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
-from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, load_secret, run_key
+from flower_dp.clients.lrq_mod import KEYS, META_KEY, PARTITION_META, PAYLOAD_KEY, load_secret, run_key
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.strategies.baselines import METHODS, PAPER_NAMES, RoundSpec, decode_update, payload_bytes
 
@@ -102,6 +102,12 @@ class GauLRQ(FedAvg):
         uninterrupted run.
     run_info : dict or None, public facts about the run (dataset, model, seed, ...) copied into the results.
     keep_decoded : bool, keep every round's theta_k, decoded updates and dropout noise (tests; memory B d per round).
+    debug_metrics : bool, default False: the clients' train (and client-side evaluate) metrics are statistics
+        of their private data that the accountant does not charge, so they are neither aggregated into the
+        results nor into Flower's ``Result``, and failed clients are recorded as a count only (their ids would
+        reveal part of the secret B-of-N sample).  True (or passing your own ``train_metrics_aggr_fn`` /
+        ``evaluate_metrics_aggr_fn``: your aggregate, your responsibility) publishes them and the results say
+        ``"uncharged_statistics_released": true``.
     **fedavg_kwargs : fraction_evaluate, min_evaluate_nodes, train/evaluate_metrics_aggr_fn, ...
     """
 
@@ -110,7 +116,8 @@ class GauLRQ(FedAvg):
                  noise_multiplier: float | None = None, calibration: str = "rigorous", secret: bytes | None = None,
                  secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4, layer_dtype: str = "float64",
                  out_dir: str | Path | None = None, keep_decoded: bool = False, stream_nonce: str | None = None,
-                 resume: bool = False, run_info: dict | None = None, **fedavg_kwargs) -> None:
+                 resume: bool = False, run_info: dict | None = None, debug_metrics: bool = False,
+                 **fedavg_kwargs) -> None:
         self.N = check_int("num_clients", num_clients, minimum=1)
         self.B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=self.N)
         for name in ("fraction_train", "min_train_nodes", "min_available_nodes"):
@@ -118,6 +125,10 @@ class GauLRQ(FedAvg):
                 raise ValueError(f"GauLRQ samples exactly clients_per_round = B of num_clients = N (the accountant's "
                                  f"sampling), got {name}={fedavg_kwargs[name]!r}; set clients_per_round instead")
         fedavg_kwargs.setdefault("fraction_evaluate", 0.0)
+        self.debug_metrics = bool(debug_metrics)
+        # client metrics are published only on an explicit opt-in (debug, or the user's own aggregation function)
+        self.publish_train_metrics = self.debug_metrics or "train_metrics_aggr_fn" in fedavg_kwargs
+        self.publish_evaluate_metrics = self.debug_metrics or "evaluate_metrics_aggr_fn" in fedavg_kwargs
         super().__init__(fraction_train=self.B / self.N, min_train_nodes=self.B, min_available_nodes=self.N,
                          **fedavg_kwargs)
         self.K = check_int("num_rounds", num_rounds, minimum=1)
@@ -252,7 +263,9 @@ class GauLRQ(FedAvg):
         d = int(sum(t.size for t in p["theta"]))
         total = np.zeros(d, dtype=np.float64)
         seen: dict[int, int] = {}
-        bits = {"bits_algorithmic": 0.0, "bits_paper": 0.0, "bits_fixed": 0.0, "bits_entropy": 0.0}
+        # bits of the sent messages; the clean-A counts (bits_paper, bits_fixed) only with debug_metrics
+        bits = {"bits_algorithmic": 0.0, "bits_entropy": 0.0,
+                **({"bits_paper": 0.0, "bits_fixed": 0.0} if self.debug_metrics else {})}
         payload_total, carried = 0, 0
         sampled = set(p["sampled"])
         for m in valid:
@@ -260,18 +273,17 @@ class GauLRQ(FedAvg):
             if src not in sampled:
                 raise DecodeError(f"round {server_round}: a reply came from node {src}, got it although only nodes "
                                   f"{sorted(sampled)} were sampled; replies must answer this round's train messages")
-            mrec = next(iter(m.content.metric_records.values()), None)
-            if PAYLOAD_KEY not in m.content or mrec is None or "partition-id" not in mrec:
+            meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
+            if PAYLOAD_KEY not in m.content or PARTITION_META not in meta:
                 raise DecodeError(f"reply from node {src} has no Gau-LRQ payload, got records "
                                   f"{list(m.content.keys())}; add gau_lrq_mod to the ClientApp's mods")
-            pid = int(mrec["partition-id"])
+            pid = int(meta.pop(PARTITION_META))
             if pid in seen or not 0 <= pid < self.N:
                 raise DecodeError(f"node {src} claims partition-id {pid}, got it twice or outside "
                                   f"[0, {self.N}); every SuperNode needs its own partition id")
             seen[pid] = src
             arrays = m.content[PAYLOAD_KEY]
             payload = {name: a.numpy() for name, a in arrays.items()}
-            meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
             try:
                 hat = decode_update(payload, meta, p["spec"], lrq_key(self._run_key, p["k"], pid))
             except DecodeError as exc:
@@ -281,8 +293,10 @@ class GauLRQ(FedAvg):
             total += hat
             payload_total += payload_bytes(arrays.values())
             carried += message_bytes(m)
-            for key in bits:
-                bits[key] += float(mrec.get(f"gau-lrq.{key}", 0.0))
+            for key in bits:  # the message's bit counts (meta); bits_paper / bits_fixed only in debug (clean A)
+                src_rec = meta if f"gau-lrq.{key}" in meta else (next(iter(m.content.metric_records.values()), None)
+                                                                  if self.debug_metrics else None) or {}
+                bits[key] += float(src_rec.get(f"gau-lrq.{key}", 0.0))
             if self.keep_decoded:
                 self.decoded.setdefault(p["k"], {})[pid] = hat
         if self.keep_decoded:
@@ -303,10 +317,12 @@ class GauLRQ(FedAvg):
             step = mean[off: off + t.size].reshape(t.shape)
             new[name] = (t.astype(np.float64) + self.server_lr * step).astype(t.dtype)
             off += t.size
-        metrics = self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key) if valid else None
+        metrics = (self.train_metrics_aggr_fn([m.content for m in valid], self.weighted_by_key)
+                   if valid and self.publish_train_metrics else None)
         rec = {"round": server_round, "k": p["k"], "method": self.method, "sigma": p["spec"].sigma,
                "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
-               "received": len(seen), "dropped": dropped, "failed_nodes": failed, "d": d,
+               "received": len(seen), "dropped": dropped, "failed": len(failed), "d": d,
+               **({"failed_nodes": failed} if self.debug_metrics else {}),
                "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"], **bits,
                "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(seen)),
                "eps_rigorous": p["eps"], "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
@@ -362,7 +378,7 @@ class GauLRQ(FedAvg):
                 ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
                                                    timeout=timeout)
                 ev = self.aggregate_evaluate(rnd, ev_replies)
-                if ev is not None:
+                if ev is not None and self.publish_evaluate_metrics:
                     result.evaluate_metrics_clientapp[rnd] = ev
                     self.rounds[-1]["evaluate_clientapp"] = dict(ev)
                 if evaluate_fn:
@@ -459,6 +475,11 @@ class GauLRQ(FedAvg):
                    "z": sch.z.tolist(), "eps_rigorous_plan": sch.eps_rigorous, "eps_paper_plan": sch.eps_paper,
                    "warnings": list(sch.warnings)},
                "rounds": self.rounds, "stop_reason": self.stop_reason}
+        published = self.publish_train_metrics or self.publish_evaluate_metrics
+        out["uncharged_statistics_released"] = bool(published or not self.private)
+        if published and self.private:
+            out["release_warning"] = ("client train/evaluate metrics (statistics of the clients' private data) are "
+                                      "published; the accountant does not charge them, so eps does not cover them")
         done = len(self.rounds)
         out["rounds_completed"] = done
         out["eps_rigorous"] = self.rounds[-1]["eps_rigorous"] if done else 0.0

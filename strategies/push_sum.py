@@ -14,7 +14,9 @@ same time.  This strategy never does:
   rounds per iteration.  Slow, but it works anywhere, with the same numbers.
 
 After each segment: the network-average model is evaluated (server-side ``evaluate_fn``),
-per-node metrics (loss, bits, clip fraction, sensitivity, eps) are aggregated, a checksummed
+the per-node metrics that may leave a node (bits, public schedule values, DPPS's broadcast
+sensitivity; :mod:`flower_dp.releases`; training loss, clip fraction, gradient norms and batch sizes
+only with ``debug_metrics=True``) and the eps are aggregated, a checksummed
 checkpoint (every node's state, history, bits) and ``results.json`` are written atomically.
 The privacy budget is a pre-flight truncation: pass ``num_iters = plan.num_iters`` of a plan
 from :func:`flower_dp.clients.registry.prepare`.
@@ -49,6 +51,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.gossip.relay import decode, encode
+from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 
 __all__ = ["PushSumStrategy"]
 
@@ -87,12 +90,17 @@ class PushSumStrategy(Strategy):
     backend_kwargs : dict
         Passed to :class:`RayGossipBackend` (``num_hosts``, ``nodes_per_host``, ``num_gpus_per_host``,
         ``address``, ...).
+    debug_metrics : bool
+        Default False: per-node statistics of private data (training loss, clip fraction, gradient
+        norms, realised batch sizes) stay on the nodes.  True releases them into the history (not
+        charged by the accountant); ``results.json`` then says ``"uncharged_statistics_released": true``.
     """
 
     def __init__(self, n_nodes: int, spec: dict[str, Any], *, num_iters: int, iters_per_round: int,
                  transport: str = "ray", evaluate_fn: EvaluateFn | None = None, out_dir: str | Path | None = None,
                  timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
-                 max_retries: int = 2, resume: bool = False, backend_kwargs: dict[str, Any] | None = None) -> None:
+                 max_retries: int = 2, resume: bool = False, backend_kwargs: dict[str, Any] | None = None,
+                 debug_metrics: bool = False) -> None:
         self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
         self.spec = dict(spec)
         self.num_iters = check_int("num_iters", num_iters, minimum=1)
@@ -103,6 +111,9 @@ class PushSumStrategy(Strategy):
         self.checkpoint, self.run_name = bool(checkpoint), run_name
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
         self.resume = bool(resume)
+        self.debug_metrics = bool(debug_metrics)
+        if self.debug_metrics:
+            log.warning("PushSumStrategy: %s", RELEASE_WARNING)
         if self.resume and self.out_path is None:
             raise ValueError("resume=True needs the out_dir holding checkpoint.pt; got out_dir=None")
         # tells this run's relay nodes apart from those of an earlier strategy in the same Flower run
@@ -301,7 +312,7 @@ class PushSumStrategy(Strategy):
 
     def _ray_segment(self, rnd: int, k0: int, k1: int) -> None:
         be = self.backend
-        seg = be.run_segment(k0, k1)
+        seg = be.run_segment(k0, k1, debug_metrics=self.debug_metrics)
         self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + seg.wall_time_s
         self.bits += seg.bits_sent
         avg = be.network_average()
@@ -339,10 +350,12 @@ class PushSumStrategy(Strategy):
                     rows.setdefault(key, []).append(float(v))
 
         for k in range(k0, k1):
-            rep = self._send(grid, "contribute", k, {i: {"inbox": inbox[i]} for i in range(self.n_nodes)})
+            rep = self._send(grid, "contribute", k, {i: {"inbox": inbox[i], "debug_metrics": self.debug_metrics}
+                                                     for i in range(self.n_nodes)})
             if any("contrib" in r for r in rep.values()):
                 reduced = reduce_contributions({i: r.get("contrib") for i, r in rep.items()})
-                rep = self._send(grid, "step", k, {i: {"reduced": reduced} for i in range(self.n_nodes)})
+                rep = self._send(grid, "step", k, {i: {"reduced": reduced, "debug_metrics": self.debug_metrics}
+                                                   for i in range(self.n_nodes)})
             collect(rep)
             outboxes = {i: rep[i]["shares"] for i in range(self.n_nodes)}
             for i, shares in outboxes.items():
@@ -376,6 +389,14 @@ class PushSumStrategy(Strategy):
             else:
                 self._snapshot = snap
 
+    def _claims_privacy(self, plan: Any) -> bool:
+        """The plan's ``private`` flag; without a plan (toy or custom nodes), whether the nodes kept their
+        statistics to themselves (a node that is not private releases them, :mod:`flower_dp.releases`)."""
+        if plan is not None and hasattr(plan, "private"):
+            return bool(plan.private)
+        allowed = PUBLIC_NODE_METRICS | HEURISTIC_BROADCAST_METRICS | {"round", "k", "bits_total", "eval"}
+        return self.debug_metrics or all(key in allowed for row in self.history for key in row)
+
     def _write(self, status: str, t0: float, error: str | None) -> None:
         """``results.json`` and ``history.csv`` in the in-process runner's layout (plus Flower's extras)."""
         if self.out_path is None:
@@ -391,6 +412,7 @@ class PushSumStrategy(Strategy):
                "algorithm": self.spec.get("algorithm", "custom"), "backend": f"flower-{self.transport}",
                "num_iters_requested": int(getattr(plan, "num_iters_requested", self.num_iters)),
                "num_iters": self.num_iters, "iters_per_round": self.iters_per_round, "history": rows,
+               **release_fields(self.debug_metrics, private=self._claims_privacy(plan)),
                "privacy": {"per_node": self.privacy, "plan": summary() if callable(summary) else {}},
                "bits_sent_per_node": self.bits.tolist(), "failures": self.failures,
                "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}

@@ -276,7 +276,8 @@ def test_real_algorithms_bit_identical_on_ray(ray_local, algorithm, params, topo
     be = RayGossipBackend(n, factory, nodes_per_host=3, timeout_s=60)
     try:
         be.setup()
-        r1, r2 = be.run_segment(0, 2), be.run_segment(2, K)
+        # debug_metrics: every statistic comes back, so all of them can be compared (the default releases only public ones)
+        r1, r2 = be.run_segment(0, 2, debug_metrics=True), be.run_segment(2, K, debug_metrics=True)
         states = be.state_dicts()
         for nd in ref:
             bad = _equal_states(nd.state_dict(), states[nd.node_id])

@@ -3,7 +3,8 @@
 A config has five tables::
 
     [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes, progress,
-                 device ("cpu", "cuda", "cuda:1" or "auto")
+                 device ("cpu", "cuda", "cuda:1" or "auto"), debug_metrics (default false: per-node
+                 training statistics of private data stay on the node; see flower_dp.releases)
     [data]       dataset, root, partition, alpha, samples_per_node, test_samples
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
@@ -37,6 +38,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "eval_nodes": False,
         "progress": True,
         "device": "cpu",
+        "debug_metrics": False,
     },
     "data": {
         "dataset": "fashion_mnist",
@@ -120,6 +122,8 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     _check_int(problems, "run.seed", run["seed"], 0)
     _check_int(problems, "run.num_iters", run["num_iters"], 1)
     _check_int(problems, "run.eval_every", run["eval_every"], 1)
+    if not isinstance(run["debug_metrics"], bool):
+        problems.append(f"run.debug_metrics must be true or false, got {run['debug_metrics']!r}")
     _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
     for key in ("samples_per_node", "test_samples"):
         if data[key] is not None:

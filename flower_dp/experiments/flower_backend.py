@@ -64,6 +64,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
                                    iters_per_round=int(cfg.run["eval_every"]), transport="ray", evaluate_fn=evaluate,
                                    out_dir=out, timeout_s=timeout_s, checkpoint=bool(cfg.run.get("checkpoint", True)),
                                    run_name=str(cfg.run["name"]), resume=bool(resume),
+                                   debug_metrics=bool(cfg.run.get("debug_metrics", False)),
                                    backend_kwargs={"num_hosts": num_hosts, "num_gpus_per_host": num_gpus_per_host})
         strategy.start(grid)
         seen["strategy"] = strategy

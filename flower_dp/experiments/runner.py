@@ -24,6 +24,7 @@ import torch
 from .. import results as rio
 from ..errors import CheckpointError, NonFiniteError
 from ..gossip import run_iteration
+from ..releases import node_is_private, node_metrics, release_fields
 from .config import ExperimentConfig
 
 __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params"]
@@ -232,6 +233,10 @@ def run_experiment(
         train_cpu = 0.0  # CPU seconds spent in the iterations (not in set-up or evaluation)
 
     status, error = "running", None
+    debug = bool(cfg.run.get("debug_metrics", False))
+    released = release_fields(debug, private=all(node_is_private(n) for n in nodes))
+    if debug and released.get("uncharged_statistics_released"):
+        print(f"flower-dp: WARNING: {released['release_warning']}", file=sys.stderr)
 
     def write(status_now: str) -> None:
         if out_path is None:
@@ -248,6 +253,7 @@ def run_experiment(
             "num_iters": K,
             "info": info,
             "history": history,
+            **released,
             "privacy": _privacy_section(plan, nodes),
             "bits_sent_per_node": bits.tolist(),
             "wall_time_s": time.perf_counter() - t0,
@@ -269,8 +275,8 @@ def run_experiment(
                 log = run_iteration(nodes, kk, receivers=topology.out_neighbors)
                 for i, b in log.bits_sent.items():
                     bits[i] += b
-                for node in nodes:
-                    for key, v in node.last_metrics().items():
+                for node in nodes:  # only what may leave the node (flower_dp.releases), unless debug_metrics
+                    for key, v in node_metrics(node, debug).items():
                         seg_metrics.setdefault(key, []).append(float(v))
                 if bar is not None:
                     bar.update(1)

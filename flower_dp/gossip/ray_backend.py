@@ -148,7 +148,8 @@ class SegmentResult:
     bits_sent : ndarray (n,) int64
         Wire bits each node sent during the segment (self-shares cost 0).
     metrics : dict[int, list[dict[str, float]]]
-        Per node, one ``last_metrics()`` dict per iteration (empty dicts if the node has none).
+        Per node, one dict per iteration of the ``last_metrics()`` that may leave the node
+        (:func:`flower_dp.releases.release_metrics`; all of them with ``debug_metrics``).
     reduced : list[dict | None]
         The reduced contributions of each iteration (identical on every host).
     wall_time_s : float
@@ -346,14 +347,17 @@ class RayGossipBackend:
         ray.get([self.hosts[h].load_states.remote(p) for h, p in per_host.items()], timeout=max(120.0, self.timeout_s))
 
     # -- gossip --------------------------------------------------------------------------
-    def run_segment(self, k0: int, k1: int) -> SegmentResult:
-        """Run iterations ``k0 .. k1 - 1`` on all hosts (shares go host to host)."""
+    def run_segment(self, k0: int, k1: int, debug_metrics: bool = False) -> SegmentResult:
+        """Run iterations ``k0 .. k1 - 1`` on all hosts (shares go host to host).
+
+        ``debug_metrics=True`` also returns the nodes' uncharged training statistics (loss, clip fraction,
+        gradient norms, batch sizes); by default only public metrics leave the hosts."""
         import ray
 
         check_int("k0", k0, minimum=0)
         check_int("k1", k1, minimum=k0)
         t0 = time.perf_counter()
-        refs = {a.run_segment.remote(int(k0), int(k1)): h for h, a in enumerate(self.hosts)}
+        refs = {a.run_segment.remote(int(k0), int(k1), bool(debug_metrics)): h for h, a in enumerate(self.hosts)}
         results: dict[int, Any] = {}
         errors: list[tuple[int, BaseException]] = []
         pending = list(refs)

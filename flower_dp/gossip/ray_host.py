@@ -144,7 +144,9 @@ class _Host:
                     )
                 self.cv.wait(min(left, 1.0))
 
-    def run_segment(self, k0: int, k1: int) -> dict[str, Any]:
+    def run_segment(self, k0: int, k1: int, debug_metrics: bool = False) -> dict[str, Any]:
+        from ..releases import node_metrics
+
         with self.node_lock:
             with self.cv:  # drop stale messages of an earlier, failed segment
                 for key in [key for key in self.box if key[0] == "abort" or key[1] < k0]:
@@ -194,8 +196,8 @@ class _Host:
                     inboxes = route_shares(local, mine)
                     for i in mine:
                         self.nodes[i].mix(inboxes[i])
-                        lm = getattr(self.nodes[i], "last_metrics", None)
-                        metrics[i].append({key: float(v) for key, v in (lm() if callable(lm) else {}).items()})
+                        # only what may leave the node (flower_dp.releases), unless the run opted in to debug_metrics
+                        metrics[i].append(node_metrics(self.nodes[i], debug_metrics))
             except BaseException as exc:
                 for actor in self.peers.values():
                     actor.deliver.remote("abort", -1, self.host_id, f"{type(exc).__name__}: {exc}")

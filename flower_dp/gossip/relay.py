@@ -12,7 +12,8 @@ Each request also carries the node's inbox of ``k - 1``, which the node mixes fi
 segment ends with a "flush" request that mixes the last inbox and returns the node's
 evaluation parameters and privacy report (and, when asked, its ``state_dict`` for the
 coordinator's checkpoint; a "load" request puts such a state back, for resuming).  Metrics are those of the last ``local_step``
-(the node contract), sent with the shares.  Call order per node is exactly the in-process one, so
+(the node contract), sent with the shares, filtered on the node by :func:`flower_dp.releases.release_metrics`: only public
+ones leave it unless the request says ``"debug_metrics": True``.  Call order per node is exactly the in-process one, so
 the numbers are identical.
 """
 
@@ -63,7 +64,8 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
         ``None``, ``local_step(k, None)`` at once), ``"step"`` (``local_step(k, request["reduced"])``)
         , ``"flush"`` (mix the inbox, then report) or ``"load"`` (``load_state_dict(request["state"])``).
     request : dict
-        ``{"inbox": list[Share] | None, "reduced": dict | None, "state": bool | dict}``.
+        ``{"inbox": list[Share] | None, "reduced": dict | None, "state": bool | dict, "debug_metrics": bool}``;
+        ``debug_metrics`` (default False) releases the node's uncharged training statistics with its metrics.
     snapshot : dict, optional
         On ``"contribute"``, receives ``snapshot["state"] = node.state_dict()`` taken after the
         mix and before ``contribute(k)``.  A node rebuilt from it in another process must replay
@@ -74,7 +76,7 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
     Returns
     -------
     dict
-        ``{"contrib": ...}`` or ``{"shares": [...], "metrics": last_metrics()}``, and, on
+        ``{"contrib": ...}`` or ``{"shares": [...], "metrics": released last_metrics()}``, and, on
         flush, ``"eval_params"``, ``"privacy"`` and, with ``request["state"]`` true, ``"state"``.
     """
     if action not in ("contribute", "step", "flush", "load"):
@@ -97,8 +99,9 @@ def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any]
     elif action == "step":
         reply["shares"] = node.local_step(int(k), request.get("reduced"))
     if "shares" in reply:  # metrics of the last local_step (node contract), read before the node may be rebuilt
-        lm = getattr(node, "last_metrics", None)
-        reply["metrics"] = {key: float(v) for key, v in (lm() if callable(lm) else {}).items()}
+        from flower_dp.releases import node_metrics
+
+        reply["metrics"] = node_metrics(node, bool(request.get("debug_metrics", False)))
     if action == "flush":
         reply["eval_params"] = node.eval_params().detach().cpu()
         rep = getattr(node, "privacy_report", None)

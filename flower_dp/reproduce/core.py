@@ -197,6 +197,8 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "wall_time_s": float(doc.get("wall_time_s", float("nan"))),
         "train_cpu_s": float(doc.get("train_cpu_s", float("nan"))),
         "reused": bool(doc.get("_reused", False)),
+        # debug_metrics runs (e.g. Dyn-D2P Fig. 1): training statistics the accountant did not charge are in the history
+        "uncharged_statistics_released": bool(doc.get("uncharged_statistics_released", False)),
     }
     rec.update(doc.get("extra_record", {}))
     rec["labels"] = dict(spec.labels)

@@ -45,11 +45,17 @@ def pushsum_spec(
     partition: str = "shuffle_split",
     checkpoint: bool = True,
     model_kwargs: dict[str, Any] | None = None,
+    debug_metrics: bool = False,
 ) -> RunSpec:
-    """A :class:`RunSpec` for the in-process runner (config as :func:`config_from_dict` takes it)."""
+    """A :class:`RunSpec` for the in-process runner (config as :func:`config_from_dict` takes it).
+
+    ``debug_metrics=True`` (only for a table that needs them, which must say so in its report) puts
+    the nodes' uncharged training statistics (loss, clip fraction, gradient norms, batch sizes) into
+    the history; off, they stay on the nodes (:mod:`flower_dp.releases`).
+    """
     config = {
         "run": {"name": run_id, "seed": int(seed), "num_iters": int(num_iters), "eval_every": int(eval_every),
-                "checkpoint": bool(checkpoint), "progress": True},
+                "checkpoint": bool(checkpoint), "progress": True, **({"debug_metrics": True} if debug_metrics else {})},
         "data": {"dataset": dataset, "partition": partition, "samples_per_node": samples_per_node,
                  "test_samples": test_samples},
         "model": {"name": model, **(model_kwargs or {})},

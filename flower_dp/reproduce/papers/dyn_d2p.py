@@ -390,7 +390,8 @@ def _build_fig1(scale: str, seeds: list[int]):
     return [pushsum_spec(f"fig1-{v}", labels, seed=seed, num_iters=f["K"], eval_every=f["eval_every"], n_nodes=4,
                          model=s["model"], topology="exp_one_peer", algorithm="dyn_d2p", dataset=s["dataset"],
                          samples_per_node=s["samples_per_node"], test_samples=s["test_samples"],
-                         params={**base, **extra}) for seed in seeds for v, labels, extra in runs]
+                         params={**base, **extra}, debug_metrics=True)  # the figure IS the gradient statistics
+            for seed in seeds for v, labels, extra in runs]
 
 
 def _claims_fig1(records, scale: str) -> list[Claim]:
@@ -425,7 +426,12 @@ def _render_fig1(records, scale: str, out: Path):
              f"Shallow CNN on Fashion-MNIST, 4 nodes, exponential graph, K = {FIG1[scale]['K']}. Non-private: the "
              "norm of each node's mini-batch gradient (mean over nodes and over the segment). Const-D2P (eps = 3, "
              f"constant clip Cbar = {cbar:g}): the fraction of per-sample gradients clipped, and their mean norm before "
-             "clipping. The paper shows ResNet-18 on CIFAR-10 (curves only).", ""]
+             "clipping. The paper shows ResNet-18 on CIFAR-10 (curves only).", "",
+             "**Debug statistics, not covered by eps.** These runs set `[run] debug_metrics = true`: the gradient "
+             "norms and clipped fractions are computed on the nodes' private data and released without being "
+             "charged by the accountant (their results.json says `uncharged_statistics_released: true`), so the "
+             "eps reported for the Const-D2P run does not cover this figure. Runs without the switch keep them "
+             "on the nodes.", ""]
     rows = []
     fig, axes = new_axes(2)
     for r in records:
