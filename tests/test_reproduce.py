@@ -315,6 +315,7 @@ def test_dyn_d2p_fig1_and_fig4_record_what_they_plot(tmp_path):
     assert all("grad_norm_batch" in h for h in by["Non-private"]["history"])
     assert all(0 <= h["clip_fraction"] <= 1 and h["grad_norm_mean"] > 0 for h in by["Const-D2P"]["history"])
     assert len(paper.check_claims(recs, "fig1", "smoke")) == 3
+    assert all(r["uncharged_statistics_released"] for r in recs)  # Fig. 1 opts in to debug_metrics, labelled
     specs = paper.build_runs("ci", "fig4", [0])
     dyn = [s for s in specs if s.labels["algorithm"] == "Dyn-D2P"]
     assert len(dyn) == 9 and {round(1 / s.config["algorithm"]["params"]["rho_c"], 6) for s in dyn} == {0.2, 0.5, 0.8}
