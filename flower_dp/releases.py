@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["PUBLIC_NODE_METRICS", "HEURISTIC_BROADCAST_METRICS", "DEBUG_ONLY_NODE_METRICS", "release_metrics", "node_metrics",
-           "node_is_private", "release_fields", "RELEASE_WARNING"]
+           "node_is_private", "release_fields", "public_history_row", "HISTORY_KEYS", "RELEASE_WARNING"]
 
 #: Per-node metrics that are public by construction (schedules, message sizes, memory of the public shapes).
 PUBLIC_NODE_METRICS = frozenset({
@@ -49,6 +49,10 @@ HEURISTIC_BROADCAST_METRICS = frozenset({"sensitivity_est", "noise_scale", "sens
 #: (or by a node that is not private).  Listed for the docs and tests; any key not public is treated so.
 DEBUG_ONLY_NODE_METRICS = frozenset({"loss", "clip_fraction", "batch", "grad_norm_mean", "grad_norm_batch",
                                      "sensitivity_own"})
+
+#: History row keys the runner and PushSumStrategy write besides node metrics: iteration / round, total bits,
+#: test metrics of the network-average model on the public test set.
+HISTORY_KEYS = frozenset({"k", "round", "bits_total", "acc_avg", "test_loss_avg", "acc_nodes_mean"})
 
 RELEASE_WARNING = ("debug_metrics is on: per-node training statistics computed on private data (training loss, "
                    "clip fraction, gradient norms, realised batch sizes, ...) are released in the history; the "
@@ -86,6 +90,12 @@ def node_metrics(node: Any, debug: bool = False) -> dict[str, float]:
     """:func:`release_metrics` of ``node.last_metrics()`` (``{}`` for a node without metrics)."""
     lm = getattr(node, "last_metrics", None)
     return release_metrics(lm() if callable(lm) else {}, debug=debug, private=node_is_private(node))
+
+
+def public_history_row(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` without the uncharged statistics (for history written before the releases were filtered)."""
+    allowed = HISTORY_KEYS | PUBLIC_NODE_METRICS | HEURISTIC_BROADCAST_METRICS
+    return {k: v for k, v in row.items() if k in allowed or str(k).startswith("eps")}
 
 
 def release_fields(debug: bool, private: bool = True) -> dict[str, Any]:

@@ -449,3 +449,33 @@ def test_gau_lrq_results_publish_no_client_statistics(flwr_identity, tmp_path):
             assert doc["uncharged_statistics_released"] is True and "release_warning" in doc
             assert any(r["train_metrics"] and "train-loss" in r["train_metrics"] for r in doc["rounds"])
     assert math.isfinite(doc["eps_rigorous"] if "eps_rigorous" in doc else 0.0)
+
+
+def test_reproduce_records_of_runs_from_before_the_filter_drop_the_uncharged_statistics():
+    """A reused results.json written before the filter (no flag, loss in the history): its record keeps only
+    the public columns; a debug run's record keeps everything and says so."""
+    from flower_dp.reproduce.core import RunSpec, record_from_doc
+
+    spec = RunSpec("r", {"algorithm": "Dyn-D2P"}, {}, seed=0)
+    row = {"k": 2, "acc_avg": 0.5, "test_loss_avg": 1.0, "bits_total": 10, "noise_std": 0.1, "clip": 1.0,
+           "loss": 0.7, "clip_fraction": 0.3, "grad_norm_mean": 2.0, "batch": 7.0}
+    old = record_from_doc(spec, {"status": "finished", "history": [dict(row)], "privacy": {"per_node": []}})
+    assert set(old["history"][0]) == {"k", "acc_avg", "test_loss_avg", "bits_total", "noise_std", "clip"}
+    assert old["uncharged_statistics_released"] is False and old["final_loss"] == 1.0
+    dbg = record_from_doc(spec, {"status": "finished", "history": [dict(row)], "privacy": {"per_node": []},
+                                 "uncharged_statistics_released": True})
+    assert dbg["history"][0] == row and dbg["uncharged_statistics_released"] is True
+
+
+def test_a_finished_run_from_before_debug_metrics_is_still_reused(tmp_path):
+    """Its config has no run.debug_metrics (it ran with the statistics released, the filter drops them from the
+    record): reused, not retrained."""
+    from flower_dp import results as rio
+    from flower_dp.reproduce.core import RunSpec, _run_pushsum
+
+    cfg = _runner_cfg(None).to_dict()
+    old = json.loads(json.dumps(cfg))
+    del old["run"]["debug_metrics"]
+    rio.write_json(tmp_path / "results.json", {"status": "finished", "config": old, "history": []})
+    doc = _run_pushsum(RunSpec("r", {}, cfg, seed=1), tmp_path, "inprocess")
+    assert doc["_reused"] is True

@@ -152,6 +152,8 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
 
     cfg = config_from_dict(spec.config)
     doc = rio.read_json(run_dir / "results.json")
+    if doc and doc.get("config"):  # a run from before [run] debug_metrics existed ran with it off
+        doc["config"].setdefault("run", {}).setdefault("debug_metrics", False)
     if doc and doc.get("status") in _DONE and doc.get("config") == cfg.to_dict():
         doc["_reused"] = True
         return doc
@@ -202,6 +204,10 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
     }
     rec.update(doc.get("extra_record", {}))
     rec["labels"] = dict(spec.labels)
+    if spec.kind == "pushsum" and not rec["uncharged_statistics_released"]:
+        from ..releases import public_history_row
+
+        hist = [public_history_row(h) for h in hist]  # a reused run from before the releases were filtered
     rec["history"] = hist
     return rec
 
