@@ -16,7 +16,9 @@ MetricRecord: the clean update's norm, max-abs value, clipped flag and the bit c
 clean A (``bits_paper``, ``bits_fixed``) stay on the client unless the mod is built with
 ``debug_metrics=True`` (then they go into the MetricRecord as ``gau-lrq.*``, uncharged).  For
 ``method="none"`` (no privacy claim, the update is sent in the clear) every statistic is a function of
-the message and goes into the metadata.
+the message and goes into the metadata.  A non-finite local update (diverged training, a data-dependent
+event) is replaced by a zero update, logged on the client, instead of an error reply the server would
+count (``method="none"`` keeps the error).
 
 Shared secret and trust model (§2.3-2.4)
 ---------------------------------------
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from logging import WARNING
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +47,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
+from flwr.common.logger import log
 
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.strategies.baselines import RoundSpec, encode_update
@@ -156,8 +160,17 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
                         f"{[n.shape for n in new]} for {[o.shape for o in theta_k]}")
         delta = np.concatenate([(n.astype(np.float64) - o.astype(np.float64)).ravel() for n, o in zip(new, theta_k)])
         if not np.all(np.isfinite(delta)):
-            return _err(out, f"the update has {int((~np.isfinite(delta)).sum())} non-finite entries; got a diverged "
-                        "local training (lower the learning rate)")
+            bad = int((~np.isfinite(delta)).sum())
+            if spec.method == "none":  # no privacy claim: say so to the server
+                return _err(out, f"the update has {bad} non-finite entries; got a diverged local training (lower "
+                            "the learning rate)")
+            # An error reply would tell the server (and the published received/dropped counts) that this client's
+            # data made training diverge, a release nobody charges.  A zero update is inside the clip ball, so
+            # the charged mechanism covers it, and it is distributed exactly like a dropped client the server
+            # compensates (noise only).  The client logs it; nothing leaves.
+            log(WARNING, "%s: the local update has %d non-finite entries (diverged local training; lower the "
+                "learning rate); sending a zero update so that the divergence stays private", _MOD, bad)
+            delta = np.zeros_like(delta)
         payload, meta, stats = encode_update(delta, spec, key)
         del out.content.array_records[rkey]
         out.content[PAYLOAD_KEY] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in payload.items()})

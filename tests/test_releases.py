@@ -479,3 +479,31 @@ def test_a_finished_run_from_before_debug_metrics_is_still_reused(tmp_path):
     rio.write_json(tmp_path / "results.json", {"status": "finished", "config": old, "history": []})
     doc = _run_pushsum(RunSpec("r", {}, cfg, seed=1), tmp_path, "inprocess")
     assert doc["_reused"] is True
+
+
+def test_gau_lrq_diverged_client_sends_a_zero_update_not_an_error(flwr_identity):
+    """A non-finite local update (a data-dependent event) is not revealed by an error reply: the mod encodes a
+    zero update (inside the clip ball, covered by the charge; distributed like a compensated dropped client)."""
+    from flower_dp.clients.lrq_mod import META_KEY, make_gau_lrq_mod
+    from flower_dp.strategies.gau_lrq import GauLRQ
+
+    def diverged(msg, ctx):
+        w = msg.content["arrays"]["w"].numpy()
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.full_like(w, np.nan))}),
+                                   "metrics": MetricRecord({"num-examples": 10})}), reply_to=msg)
+
+    s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, secret=SECRET,
+               stream_nonce="rel", keep_decoded=True)
+    msgs = _train_message(s)
+    mod = make_gau_lrq_mod(secret=SECRET)
+    replies = []
+    for m in msgs:
+        ctx = Context(run_id=1, node_id=m.metadata.dst_node_id,
+                      node_config={"partition-id": m.metadata.dst_node_id - 100}, state=RecordDict(), run_config={})
+        r = mod(m, ctx, diverged)
+        assert not r.has_error() and META_KEY in r.content
+        replies.append(r)
+    s.aggregate_train(1, replies)
+    assert s.rounds[0]["received"] == 2 and s.rounds[0]["failed"] == 0
+    for hat in s.decoded[0].values():  # decoded = 0 + N(0, sigma^2): noise only
+        assert abs(hat.std() / s.sigma(0) - 1) < 0.2 and abs(hat.mean()) < 5 * s.sigma(0) / math.sqrt(hat.size)
