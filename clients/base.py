@@ -30,7 +30,12 @@ from flower_dp.mechanisms.noise import gaussian_noise
 from flower_dp.rng import numpy_rng
 from flower_dp.rng import torch_generator
 
-__all__ = ["Plan", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator"]
+__all__ = ["Plan", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
+
+#: Why a DPPS-family eps is ``eps_heuristic`` and never ``eps_rigorous`` (results files, reports).
+HEURISTIC_NOTE = ("heuristic, no DP proof: the Laplace scale rests on a data-dependent sensitivity estimate broadcast "
+                  "in the clear (L1 clipping off by default, so the true sensitivity is unbounded); eps is the "
+                  "composition of per node-message releases, not a record-level guarantee")
 
 
 #: Bits per float32 on the wire (COMMON.md 5.10 cost model).
@@ -66,6 +71,10 @@ class Plan:
         Noise multiplier charged per step: Gaussian std / (clip / B), or DPPS's Laplace ``gamma_n / b``.
     eps_rigorous, eps_paper : tuple of float, per node
         Rigorous (PLD/RDP) eps of the planned noise over ``num_iters`` and the paper formula's eps.
+        ``eps_rigorous`` is ``(None, ...)`` for a heuristic plan: no implemented proof, no rigorous eps.
+    eps_heuristic : tuple of float, per node
+        Heuristic plans only (DPPS family): the composed eps of the Laplace releases under the
+        *estimated* sensitivity, per node-message (not record-level, no proof); empty otherwise.
     delta : float
         The largest delta across nodes; ``node_delta`` (per node, optional) holds each node's own.
     accountant, adjacency : str
@@ -78,7 +87,8 @@ class Plan:
         A non-sampled Gaussian charged with every step (PrivSGP-VR's table average, present
         whichever block is drawn; see ``privsgp_vr_calibration``); empty = none.
     heuristic : bool
-        True where the sensitivity is estimated (DPPS family).
+        True where the sensitivity is estimated (DPPS family): its eps is reported as
+        ``eps_heuristic`` with :data:`HEURISTIC_NOTE`, never as ``eps_rigorous``.
     private : bool
         False when nothing is charged (SGP, non-private baselines, ablations).
     warnings : tuple of str
@@ -96,7 +106,7 @@ class Plan:
     clip: tuple[np.ndarray, ...] = field(repr=False)
     noise_std: tuple[np.ndarray, ...] = field(repr=False)
     nu: tuple[np.ndarray, ...] = field(repr=False)
-    eps_rigorous: tuple[float, ...]
+    eps_rigorous: tuple[float | None, ...]
     eps_paper: tuple[float, ...]
     delta: float
     accountant: str = "auto"
@@ -108,6 +118,16 @@ class Plan:
     population: tuple[int, ...] = ()
     nu_always: tuple[np.ndarray, ...] = field(default=(), repr=False)
     node_delta: tuple[float, ...] = ()
+    eps_heuristic: tuple[float, ...] = ()
+
+    @property
+    def eps_key(self) -> str:
+        """The name this plan's eps is reported under: ``"eps_heuristic"`` (DPPS family) or ``"eps_rigorous"``."""
+        return "eps_heuristic" if self.heuristic else "eps_rigorous"
+
+    def eps_planned(self, i: int) -> float:
+        """Node ``i``'s planned eps under :attr:`eps_key` (a number for every plan, whatever its name)."""
+        return float(self.eps_heuristic[i] if self.heuristic else self.eps_rigorous[i])
 
     def delta_of(self, i: int) -> float:
         """Node ``i``'s delta (heterogeneous budgets: its own, not the largest across nodes)."""
@@ -142,7 +162,8 @@ class Plan:
             "dim": self.dim,
             "seed": self.seed,
             "q": list(self.q),
-            "eps_rigorous": list(self.eps_rigorous),
+            "eps_rigorous": None if self.heuristic else list(self.eps_rigorous),
+            **({"eps_heuristic": list(self.eps_heuristic), "privacy_note": HEURISTIC_NOTE} if self.heuristic else {}),
             "eps_paper": list(self.eps_paper),
             "delta": self.delta,
             "accountant": self.accountant,
@@ -260,14 +281,24 @@ class PushSumNode:
         return dict(self._metrics)
 
     def privacy_report(self) -> dict[str, Any]:
-        """Per-node privacy: rigorous eps of the noise actually charged so far, and the plan's numbers."""
+        """Per-node privacy: the eps of the noise actually charged so far, and the plan's numbers.
+
+        Proven mechanisms report ``eps_rigorous`` (PLD/RDP) and ``eps_rigorous_planned``.  A heuristic plan
+        (DPPS family) reports ``eps_rigorous: None``, ``eps_heuristic`` / ``eps_heuristic_planned`` and a
+        ``privacy_note`` saying why: the same composition, but of releases calibrated to an estimated
+        sensitivity, per node-message, with no proof behind it.
+        """
         plan, i = self.plan, self.node_id
         charged = self.accountant.steps_charged
         eps = self.accountant.epsilon(plan.delta_of(i)) if (plan.private and charged) else (
             0.0 if plan.private else float("inf"))
+        if plan.heuristic:
+            head = {"eps_rigorous": None, "eps_heuristic": float(eps),
+                    "eps_heuristic_planned": plan.eps_planned(i), "privacy_note": HEURISTIC_NOTE}
+        else:
+            head = {"eps_rigorous": float(eps), "eps_rigorous_planned": float(plan.eps_rigorous[i])}
         return {
-            "eps_rigorous": float(eps),
-            "eps_rigorous_planned": float(plan.eps_rigorous[i]),
+            **head,
             "eps_paper": float(plan.eps_paper[i]),
             "delta": plan.delta_of(i),
             "accountant": plan.accountant,

@@ -113,7 +113,7 @@ def _laplace_plan(name: str, p: PEDFLParams, *, n_nodes, samples_per_node, num_i
              "the clear; eps is per node-message, not record-level (COMMON.md 4)"]
     if private:
         acc = dpps_accounting(p.b, np.full(K, float(p.gamma_n)), p.delta, accountant=p.accountant)
-        eps_r, eps_p = acc.eps_composed, float(acc.eps_round_paper[0])
+        eps_r, eps_p = acc.eps_composed, float(acc.eps_round_paper[0])  # eps_r: reported as eps_heuristic
         notes.append(f"paper eps is per round (b/gamma_n = {eps_p:.4g}); basic composition over K: {acc.eps_basic:.4g}")
     else:
         eps_r = eps_p = math.inf
@@ -121,7 +121,8 @@ def _laplace_plan(name: str, p: PEDFLParams, *, n_nodes, samples_per_node, num_i
         algorithm=name, params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=K, dim=dim,
         seed=seed, q=(1.0,) * n_nodes, clip=(np.full(K, float(p.clip_l1)),) * n_nodes,
         noise_std=(np.zeros(K),) * n_nodes, nu=(np.full(K, p.gamma_n / p.b if private else np.inf),) * n_nodes,
-        eps_rigorous=(float(eps_r),) * n_nodes, eps_paper=(float(eps_p),) * n_nodes, delta=p.delta,
+        eps_rigorous=(None,) * n_nodes, eps_heuristic=(float(eps_r),) * n_nodes, eps_paper=(float(eps_p),) * n_nodes,
+        delta=p.delta,
         accountant=p.accountant, heuristic=True, private=private, warnings=tuple(notes),
     )
 

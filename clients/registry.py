@@ -5,8 +5,9 @@ Contract with the runners (in-process, Ray, relay):
 ``prepare(algorithm, params, *, n_nodes, samples_per_node, num_iters, dim, seed) -> Plan``
     Validates ``params`` (unknown keys -> ConfigError listing all of them and the valid
     ones), does the privacy calibration (schedules, sigma, K*, eps_rigorous / eps_paper per
-    node, warnings) and, when ``budget_epsilon`` is set, truncates K before the budget
-    would be exceeded (COMMON.md 2.3 "Budget hard stop": a pre-flight truncation).
+    node, warnings; the DPPS family: eps_heuristic, eps_rigorous None) and, when ``budget_epsilon``
+    is set, truncates K before the budget would be exceeded (COMMON.md 2.3 "Budget hard stop": a
+    pre-flight truncation; on the heuristic eps for the DPPS family, and the plan's warning says so).
 ``topology_for(plan, base) -> Topology``
     The topology the algorithm must run on (DPPS family: ``with_sync``; A(DP)2SGD: its
     matchings; others: ``base``).  Use it for the nodes AND the backend's routing check.
@@ -151,11 +152,15 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
     for i in range(plan.n_nodes):
         eps.append(rigorous_epsilon(_planned_steps(plan, i, K), plan.delta_of(i), accountant=plan.accountant,
                                     adjacency=plan.adjacency))
-    note = (f"budget hard stop: K truncated from {plan.num_iters} to {K} so that the rigorous eps stays <= "
+    # A heuristic plan (DPPS family) is truncated on its heuristic eps, and says so: the budget then limits
+    # the composed per node-message Laplace releases, it is not a record-level guarantee.
+    kind = "heuristic eps (no DP proof, per node-message)" if plan.heuristic else "rigorous eps"
+    note = (f"budget hard stop: K truncated from {plan.num_iters} to {K} so that the {kind} stays <= "
             f"{budget_epsilon} (delta = {plan.delta})")
+    eps_fields = {"eps_heuristic": tuple(eps)} if plan.heuristic else {"eps_rigorous": tuple(eps)}
     return dataclasses.replace(
         plan, num_iters=K, clip=tuple(c[:K] for c in plan.clip), noise_std=tuple(s[:K] for s in plan.noise_std),
-        nu=tuple(v[:K] for v in plan.nu), nu_always=tuple(v[:K] for v in plan.nu_always), eps_rigorous=tuple(eps),
+        nu=tuple(v[:K] for v in plan.nu), nu_always=tuple(v[:K] for v in plan.nu_always), **eps_fields,
         warnings=plan.warnings + (note,))
 
 
@@ -171,7 +176,9 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
     if noise:
         changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
                        nu_always=tuple(np.full(K, np.inf) for _ in plan.nu_always),
-                       eps_rigorous=(math.inf,) * plan.n_nodes, eps_paper=(math.inf,) * plan.n_nodes, private=False)
+                       eps_paper=(math.inf,) * plan.n_nodes, private=False,
+                       **({"eps_heuristic": (math.inf,) * plan.n_nodes} if plan.heuristic
+                          else {"eps_rigorous": (math.inf,) * plan.n_nodes}))
         if hasattr(plan.params, "gamma_n"):
             changes["params"] = dataclasses.replace(plan.params, gamma_n=0.0)
         notes.append("ablation: noise off (not private)")

@@ -66,7 +66,12 @@ from flower_dp.clients.lrq_mod import KEYS, META_KEY, PARTITION_META, PAYLOAD_KE
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.strategies.baselines import METHODS, PAPER_NAMES, RoundSpec, decode_update, payload_bytes
 
-__all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes"]
+__all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes", "BQ_PRIVACY_NOTE"]
+
+#: Methods whose noise has no DP proof: their eps is ``eps_heuristic`` (``eps_rigorous`` is None), with this note.
+BQ_PRIVACY_NOTE = ("noise matched by variance to the Gaussian; no DP proof: BQ-SGD's binomial noise has the variance "
+                   "of the Gaussian the accountant charges, and eps_heuristic is that Gaussian's eps")
+HEURISTIC_METHODS = {"bq": BQ_PRIVACY_NOTE}
 
 
 class GauLRQ(FedAvg):
@@ -188,8 +193,9 @@ class GauLRQ(FedAvg):
         log(INFO, "\t├──> GauLRQ: method %s (%s), N=%d, B=%d, K=%d, S2=%s", self.method, PAPER_NAMES[self.method],
             self.N, self.B, self.K, self.clip)
         if self.schedule is not None:
-            log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (rigorous plan %.4g, paper %.4g)",
-                self.schedule.z[0], self.schedule.z[-1], self.epsilon, self.schedule.eps_rigorous,
+            log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (%s plan %.4g, paper %.4g)",
+                self.schedule.z[0], self.schedule.z[-1], self.epsilon,
+                "heuristic (no DP proof)" if self.method in HEURISTIC_METHODS else "rigorous", self.schedule.eps_rigorous,
                 self.schedule.eps_paper)
         super().summary()
 
@@ -325,11 +331,18 @@ class GauLRQ(FedAvg):
                **({"failed_nodes": failed} if self.debug_metrics else {}),
                "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"], **bits,
                "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(seen)),
-               "eps_rigorous": p["eps"], "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
+               **self._eps_fields(p["eps"]), "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
                if self.schedule is not None else float("inf"),
                "train_metrics": None if metrics is None else dict(metrics)}
         self.rounds.append(rec)
         return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
+
+    def _eps_fields(self, eps: float) -> dict:
+        """``{"eps_rigorous": eps}``, or for a method without a DP proof (BQ-SGD) ``eps_rigorous: None`` and
+        ``eps_heuristic: eps`` (the variance-matched Gaussian's eps)."""
+        if self.method in HEURISTIC_METHODS:
+            return {"eps_rigorous": None, "eps_heuristic": eps}
+        return {"eps_rigorous": eps}
 
     def _dropout_rng(self, k: int) -> np.random.Generator:
         """The server's own stream for round k's dropout noise (keyed by the run secret, so hidden and reproducible)."""
@@ -455,7 +468,9 @@ class GauLRQ(FedAvg):
         Besides the per-round records (``rounds``), the most used series are given flat:
         ``accuracy_per_round`` (server-side evaluation, index 0 = before training, None where
         not evaluated), ``bits_per_round`` (algorithmic uplink bits of all clients of a round),
-        ``bytes_per_round`` (uplink bytes Flower carried), ``eps_rigorous_per_round``.
+        ``bytes_per_round`` (uplink bytes Flower carried), ``eps_rigorous_per_round``.  BQ-SGD, whose
+        noise has no DP proof: ``eps_rigorous`` None (per round too), ``eps_heuristic``,
+        ``eps_heuristic_per_round`` and ``privacy_note``.
         """
         sch = self.schedule
         out = {"algorithm": PAPER_NAMES[self.method] if self.tau == 1 or not self.private else
@@ -472,8 +487,9 @@ class GauLRQ(FedAvg):
                                  "under add/remove, both orders (flower_dp.privacy.gau_lrq)",
                    "note": "client-level guarantee (a client's whole data replaced); record-level only when clients "
                            "hold disjoint data",
-                   "z": sch.z.tolist(), "eps_rigorous_plan": sch.eps_rigorous, "eps_paper_plan": sch.eps_paper,
-                   "warnings": list(sch.warnings)},
+                   "z": sch.z.tolist(), **{f"{k}_plan": v for k, v in self._eps_fields(sch.eps_rigorous).items()},
+                   "eps_paper_plan": sch.eps_paper, "warnings": list(sch.warnings),
+                   **({"privacy_note": HEURISTIC_METHODS[self.method]} if self.method in HEURISTIC_METHODS else {})},
                "rounds": self.rounds, "stop_reason": self.stop_reason}
         published = self.publish_train_metrics or self.publish_evaluate_metrics
         out["uncharged_statistics_released"] = bool(published or not self.private)
@@ -482,7 +498,10 @@ class GauLRQ(FedAvg):
                                       "published; the accountant does not charge them, so eps does not cover them")
         done = len(self.rounds)
         out["rounds_completed"] = done
-        out["eps_rigorous"] = self.rounds[-1]["eps_rigorous"] if done else 0.0
+        out.update(self._eps_fields(self.rounds[-1].get("eps_heuristic", self.rounds[-1]["eps_rigorous"]) if done
+                                    else 0.0))
+        if self.method in HEURISTIC_METHODS:
+            out["privacy_note"] = HEURISTIC_METHODS[self.method]
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
         acc0 = (self.initial_evaluate or {}).get("accuracy")
         out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]
@@ -490,6 +509,8 @@ class GauLRQ(FedAvg):
         out["bits_per_round"] = [r["bits_algorithmic"] for r in self.rounds]
         out["bytes_per_round"] = [r["bytes_carried"] for r in self.rounds]
         out["eps_rigorous_per_round"] = [r["eps_rigorous"] for r in self.rounds]
+        if self.method in HEURISTIC_METHODS:
+            out["eps_heuristic_per_round"] = [r.get("eps_heuristic") for r in self.rounds]
         out["total_bits_algorithmic"] = float(sum(r["bits_algorithmic"] for r in self.rounds))
         out["total_bytes_carried"] = int(sum(r["bytes_carried"] for r in self.rounds))
         return out

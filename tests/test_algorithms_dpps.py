@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +94,11 @@ def test_laplace_accounting_and_refusals():
     rep = nodes[0].privacy_report()
     assert rep["steps_charged"] == 3 and rep["heuristic"]
     assert rep["eps_paper"] == pytest.approx(5.0 / 1e-3)
+    # no DP proof (estimated sensitivity): never called rigorous; the composed number is eps_heuristic, with a note
+    assert rep["eps_rigorous"] is None and "eps_rigorous_planned" not in rep
+    assert math.isfinite(rep["eps_heuristic"]) and rep["eps_heuristic"] > 0 and "estimat" in rep["privacy_note"]
+    summary = nodes[0].plan.summary()
+    assert summary["eps_rigorous"] is None and len(summary["eps_heuristic"]) == len(nodes)
     parts, _ = logreg_data(4, 16)
     with pytest.raises(ValueError, match="doubly stochastic"):
         make_nodes("sgpdp", dict(model_name="logreg"), random_irregular(4, seed=0), parts=parts, num_iters=2)

@@ -41,10 +41,15 @@ def _report(res) -> None:
         print(f"test accuracy (network-average model) after k={last['k']}: {last['acc_avg']:.4f}")
     per_node = res.privacy.get("per_node", [])
     if per_node:
-        eps_r = max(float(p.get("eps_rigorous", float("nan"))) for p in per_node)
         eps_p = max(float(p.get("eps_paper", float("nan"))) for p in per_node)
         delta = per_node[0].get("delta")
-        print(f"privacy per node: rigorous eps = {eps_r:.4f} (delta = {delta}); paper formula's eps = {eps_p:.4f}")
+        heur = [float(p["eps_heuristic"]) for p in per_node if p.get("eps_heuristic") is not None]
+        if heur:  # DPPS family: no DP proof, never printed as rigorous
+            print(f"privacy per node: heuristic eps = {max(heur):.4f} (delta = {delta}; no DP proof: "
+                  f"{per_node[0].get('privacy_note', 'estimated sensitivity')}); paper formula's eps = {eps_p:.4f}")
+        else:
+            eps_r = max(float(p.get("eps_rigorous", float("nan"))) for p in per_node)
+            print(f"privacy per node: rigorous eps = {eps_r:.4f} (delta = {delta}); paper formula's eps = {eps_p:.4f}")
     if res.out_dir is not None:
         print(f"results: {res.out_dir / 'results.json'}")
 

@@ -6,7 +6,8 @@ model on the test set, appends a history row, writes ``results.json`` and
 segment and ``resume=True`` continues with exactly the numbers of an uninterrupted run.
 
 The privacy numbers in the results come from the algorithm's plan and nodes: per node,
-the rigorous eps of the noise actually added next to the paper formula's eps.
+the rigorous eps of the noise actually added next to the paper formula's eps (the DPPS family,
+which has no DP proof: ``eps_rigorous`` null and ``eps_heuristic`` with a ``privacy_note``).
 """
 
 from __future__ import annotations
@@ -43,9 +44,17 @@ class RunResult:
     nodes: list[Any] = field(default_factory=list, repr=False)
 
     @property
-    def eps_rigorous_max(self) -> float:
-        vals = [p.get("eps_rigorous", float("nan")) for p in self.privacy.get("per_node", [])]
-        return max(vals) if vals else float("nan")
+    def eps_rigorous_max(self) -> float | None:
+        """Largest per-node rigorous eps; None when no node has one (DPPS family: see :attr:`eps_heuristic_max`)."""
+        vals = [p.get("eps_rigorous") for p in self.privacy.get("per_node", [])]
+        vals = [float(v) for v in vals if v is not None]
+        return max(vals) if vals else None
+
+    @property
+    def eps_heuristic_max(self) -> float | None:
+        """Largest per-node heuristic eps (DPPS family: no DP proof, per node-message); None for proven mechanisms."""
+        vals = [float(p["eps_heuristic"]) for p in self.privacy.get("per_node", []) if p.get("eps_heuristic") is not None]
+        return max(vals) if vals else None
 
 
 def _loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -21,13 +21,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import results as rio
 from ..errors import ConfigError
 from .core import BACKENDS, SCALES, Claim, Paper, RunSpec, group_records, machine_string, plot_learning_curves, run_sweep
 
-__all__ = ["PAPERS", "reproduce", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
+__all__ = ["PAPERS", "reproduce", "rerender", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
 
 #: paper name -> module under flower_dp.reproduce.papers
 PAPERS: dict[str, str] = {
@@ -116,6 +116,81 @@ def reproduce(
     t0 = time.perf_counter()
     records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log)
     wall = time.perf_counter() - t0
+    return _finish(p, meta, records, out_path, wall, log)
+
+
+def rerender(
+    out: str | Path,
+    *,
+    paper: str | None = None,
+    transform: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None,
+    log=print,
+) -> Reproduction:
+    """Re-render a finished reproduction from its ``out/records.json`` alone: no run is repeated, ``out/runs/``
+    is not needed (it is git-ignored, so the committed ``docs/results/*/records.json`` are the only inputs).
+
+    Rewrites ``records.json``/``records.csv`` (records carried to today's names by
+    :func:`flower_dp.reproduce.core.migrate_record`, their history kept to the public columns as
+    :func:`~flower_dp.reproduce.core.record_from_doc` does, then ``transform``), ``summary.csv``, ``claims.json``,
+    the plots and ``report.md``.  The paper, table, scale, command, machine and versions come from the
+    stored meta (``paper``, when given, must match it).  ``transform(records) -> records`` is the hook for re-accounting finished runs without
+    retraining (e.g. new ``eps_rigorous`` for a noise schedule the runs recorded): it gets the migrated
+    records (each with ``config``, ``labels``, ``history``) and returns the ones to render.
+
+    CLI: ``flower-dp reproduce PAPER --rerender --out DIR`` (or ``all --rerender --out docs/results``).
+
+    >>> rerender("docs/results/partpsp")  # doctest: +SKIP
+    """
+    from .core import _write_records, migrate_record
+
+    out_path = Path(out)
+    doc = rio.read_json(out_path / "records.json")
+    if not doc or "records" not in doc:
+        raise ConfigError(f"no records.json in {str(out_path)!r}; nothing to re-render (run the reproduction first)")
+    old = rio.read_json(out_path / "claims.json") or {}
+    meta = {**doc.get("meta", {}), **old.get("meta", {})}
+    for key in ("paper", "table", "scale"):
+        if key not in meta:
+            raise ConfigError(f"{str(out_path / 'records.json')!r} has no meta.{key}; cannot tell which report to render")
+    if paper is not None and meta["paper"] != paper:
+        raise ConfigError(f"{str(out_path)!r} holds a {meta['paper']!r} reproduction, not {paper!r}")
+    p = get_paper(meta["paper"])
+    try:  # the configs the runs were made from (records do not store them): the paper's specs, rebuilt
+        configs = {sp.run_id: sp.config for sp in p.build_runs(meta["scale"], meta["table"],
+                                                                list(range(int(meta.get("seeds", 1)))))}
+    except (ValueError, ConfigError):
+        configs = {}
+    records = [migrate_record(_revive(r), configs.get(r.get("run_id"))) for r in doc["records"]]
+    from ..releases import public_history_row
+
+    for r in records:  # as record_from_doc does: uncharged statistics stay out of a record that did not opt in
+        if not r.get("uncharged_statistics_released") and r.get("history"):
+            r["history"] = [public_history_row(h) for h in r["history"]]
+    if transform is not None:
+        records = list(transform(records))
+    meta.update(sweep_wall_time_s=0.0, rerendered=True)
+    _write_records(out_path, records, {k: v for k, v in meta.items()
+                                       if k not in ("sweep_wall_time_s", "compute_time_s", "cpu_time_s")})
+    log(f"re-render {meta['paper']} ({meta['table']}, scale {meta['scale']}) from {out_path / 'records.json'}: "
+        f"{len(records)} records, no run repeated")
+    return _finish(p, meta, records, out_path, 0.0, log)
+
+
+def _revive(obj: Any) -> Any:
+    """JSON as :func:`flower_dp.results.jsonable` wrote it, with ``"inf"``/``"-inf"``/``"nan"`` floats again."""
+    if isinstance(obj, dict):
+        return {k: _revive(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_revive(v) for v in obj]
+    if isinstance(obj, str) and obj in ("inf", "-inf", "nan"):
+        return float(obj)
+    return obj
+
+
+def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_path: Path, wall: float,
+            log) -> Reproduction:
+    """Claims, tables, plots, summary.csv, claims.json and report.md of finished records."""
+    table, scale = meta["table"], meta["scale"]
     claims = p.check_claims(records, table, scale)
     tables_md, plots = p.render(records, table, scale, out_path)
     curves = plot_learning_curves(records, out_path)  # accuracy and loss vs iteration, for every reproduction
@@ -134,7 +209,7 @@ def reproduce(
         state = {True: "PASS", False: "FAIL", None: "n/a"}[c.passed]
         log(f"  [{state}] {c.name}: {c.detail}")
     log(f"report: {out_path / 'report.md'}")
-    return Reproduction(paper, table, scale, records, claims, out_path / "report.md", wall)
+    return Reproduction(meta["paper"], table, scale, records, claims, out_path / "report.md", wall)
 
 
 def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[str], plots: list[str]) -> str:
@@ -165,6 +240,14 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "`eps paper` is what the paper's own formula claims for the same run.",
         "",
     ]
+    notes = sorted({str(r["privacy_note"]) for r in records if r.get("eps_heuristic") is not None and r.get("privacy_note")})
+    if any(r.get("eps_heuristic") is not None for r in records):
+        lines += ["**No rigorous eps for the mechanisms without a DP proof** (DPPS family, BQ-SGD): their records carry "
+                  "`eps_rigorous` = null and `eps_heuristic`, what the accountant computes for noise whose calibration "
+                  "has no proof (" + "; ".join(notes or ["heuristic, no DP proof"]) + "). It is not a privacy guarantee.",
+                  ""]
+    if meta.get("rerendered"):
+        lines += ["Re-rendered from `records.json` (`flower-dp reproduce PAPER --rerender`): no run was repeated.", ""]
     lines += tables_md
     lines += ["", "## Claims", "", "| claim | verdict | our numbers |", "|---|---|---|"]
     for c in claims:

@@ -39,9 +39,33 @@ def write_index(out: Path) -> Path:
     return path
 
 
+def _rerender(args: argparse.Namespace) -> int:
+    """``--rerender``: rebuild reports from ``records.json`` (no run repeated); ``all``: every folder under --out."""
+    from . import rerender
+
+    if args.paper == "all":
+        base = Path(args.out or Path("runs") / "reproduce" / args.scale)
+        folders = sorted(f.parent for f in base.glob("*/records.json"))
+        if not folders:
+            raise ValueError(f"--rerender found no */records.json under {str(base)!r}; pass --out with the reproductions")
+        reps = [rerender(f) for f in folders]
+        print(f"index: {write_index(base)}")
+    else:
+        from . import get_paper
+
+        table = args.table or get_paper(args.paper).default_table
+        out = Path(args.out or Path("runs") / "reproduce" / f"{args.paper}-{table}-{args.scale}")
+        reps = [rerender(out, paper=args.paper)]
+    for rep in reps:
+        print(f"{rep.paper} {rep.table}: re-rendered {rep.report_path}")
+    return 0
+
+
 def _cmd(args: argparse.Namespace) -> int:
     from . import PAPERS, reproduce
 
+    if args.rerender:
+        return _rerender(args)
     if args.paper == "all":
         if args.table:
             raise ValueError(f"--table {args.table!r} needs one paper, got 'all'; drop --table or name a paper")
@@ -107,4 +131,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
     p.add_argument("--out", default=None, help="output folder (default runs/reproduce/PAPER-TABLE-SCALE)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default depends on the scale)")
+    p.add_argument("--rerender", action="store_true",
+                   help="re-render records/summary/claims/plots/report.md from --out's records.json without running "
+                        "anything ('all': every reproduction folder under --out, then its README index)")
     p.set_defaults(func=_cmd)

@@ -174,11 +174,75 @@ def _per_node(doc: dict[str, Any], key: str) -> list[float]:
     return [float(p.get(key, float("nan"))) for p in doc.get("privacy", {}).get("per_node", [])]
 
 
+#: Mechanisms without an implemented DP proof: their eps is ``eps_heuristic`` (``eps_rigorous`` null), with a note.
+#: Push-sum algorithm name (``config.algorithm.name``) or Gau-LRQ method (``config.method``) -> why.
+HEURISTIC_MECHANISMS: dict[str, str] = {
+    **{a: ("heuristic, no DP proof: Laplace noise scaled to a data-dependent sensitivity estimate broadcast in the "
+           "clear (L1 clipping off by default, so the true sensitivity is unbounded); per node-message, not "
+           "record-level") for a in ("partpsp", "sgpdp", "pedfl")},
+    **{m: "heuristic, no DP proof: binomial noise matched by variance to the Gaussian" for m in ("bq-sgd", "bq")},
+}
+
+
+def _heuristic_note(config: dict[str, Any] | None) -> str | None:
+    """The note of a heuristic mechanism for a run config (push-sum or Gau-LRQ), or None for a proven one."""
+    cfg = config or {}
+    name = (cfg.get("algorithm") or {}).get("name") if isinstance(cfg.get("algorithm"), dict) else None
+    return HEURISTIC_MECHANISMS.get(name or cfg.get("method") or "")
+
+
+def _privacy_fields(doc: dict[str, Any], config: dict[str, Any] | None) -> dict[str, Any]:
+    """``eps_rigorous`` (max over nodes) or, for a mechanism without a proof, ``eps_rigorous: None`` with
+    ``eps_heuristic`` and ``privacy_note``.  A results file from before the rename (a heuristic mechanism's
+    number under ``eps_rigorous``) is read as heuristic."""
+    per_node = doc.get("privacy", {}).get("per_node", []) or []
+    note = next((p.get("privacy_note") for p in per_node if p.get("eps_heuristic") is not None
+                 and p.get("privacy_note")), None) or _heuristic_note(config)
+    if note is None and any(p.get("heuristic") for p in per_node if "eps_heuristic" not in p and
+                            p.get("eps_rigorous") is not None):
+        note = "heuristic, no DP proof"
+    if note is None:
+        eps_r = [float(p.get("eps_rigorous", float("nan"))) for p in per_node]
+        return {"eps_rigorous": max(eps_r) if eps_r else float("nan")}
+    vals = [p.get("eps_heuristic", p.get("eps_rigorous")) for p in per_node]
+    vals = [float(v) for v in vals if v is not None]
+    return {"eps_rigorous": None, "eps_heuristic": max(vals) if vals else float("nan"), "privacy_note": note}
+
+
+#: Paper labels of the heuristic mechanisms (records written without their config): label -> HEURISTIC_MECHANISMS key.
+HEURISTIC_LABELS = {"PartPSP-1": "partpsp", "PartPSP-2": "partpsp", "SGPDP": "sgpdp", "PEDFL": "pedfl",
+                    "BQ-SGD": "bq-sgd"}
+
+
+def migrate_record(rec: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A record written before ``eps_heuristic`` existed, with the names of today (a new dict; idempotent).
+
+    A mechanism without a proof (:data:`HEURISTIC_MECHANISMS`, found from ``config``, the record's own
+    ``config`` or its algorithm label) gets ``eps_rigorous: None``, ``eps_heuristic`` (the number it carried)
+    and ``privacy_note``, and its history rows' ``eps_rigorous`` becomes ``eps_heuristic``.  Other records
+    are returned unchanged.
+    """
+    note = _heuristic_note(config if config is not None else rec.get("config"))
+    if note is None and config is None:
+        note = HEURISTIC_MECHANISMS.get(HEURISTIC_LABELS.get(str((rec.get("labels") or {}).get("algorithm")), ""))
+    if note is None or "eps_heuristic" in rec:
+        return dict(rec)
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if k == "eps_rigorous":
+            out["eps_rigorous"], out["eps_heuristic"], out["privacy_note"] = None, v, note
+        elif k == "history":
+            out[k] = [{("eps_heuristic" if hk == "eps_rigorous" else hk): hv for hk, hv in h.items()} for h in v]
+        else:
+            out[k] = v
+    return out
+
+
 def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
     """One flat record of a finished run (what the report and the CSV are made of)."""
     hist = doc.get("history", [])
     accs = [float(h.get("acc_avg", float("nan"))) for h in hist]
-    eps_r, eps_p = _per_node(doc, "eps_rigorous"), _per_node(doc, "eps_paper")
+    eps_p = _per_node(doc, "eps_paper")
     info = doc.get("info", {})
     rec = {
         "run_id": spec.run_id,
@@ -190,7 +254,7 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "best_acc": max(accs) if accs else float("nan"),
         "final_loss": float(hist[-1].get("test_loss_avg", float("nan"))) if hist else float("nan"),
         "bits_total": float(hist[-1].get("bits_total", float("nan"))) if hist else float("nan"),
-        "eps_rigorous": max(eps_r) if eps_r else float("nan"),
+        **_privacy_fields(doc, spec.config),
         "eps_paper": max(eps_p) if eps_p else float("nan"),
         "delta": (doc.get("privacy", {}).get("per_node") or [{}])[0].get("delta"),
         "dataset": info.get("dataset", doc.get("dataset")),
@@ -268,8 +332,10 @@ def run_sweep(
                 rec["cpu_time_s"] = _read_cpu(run_dir)
             records.append(rec)
             state = "reused (already finished)" if rec["reused"] else f"done in {time.perf_counter() - t0:.0f} s"
+            eps = (f"eps heuristic {fmt(rec['eps_heuristic'])} (no DP proof)" if "eps_heuristic" in rec
+                   else f"eps rigorous {fmt(rec['eps_rigorous'])}")
             log(f"[{len(records)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "
-                f"eps rigorous {fmt(rec['eps_rigorous'])} (paper {fmt(rec['eps_paper'])}) - {state}")
+                f"{eps} (paper {fmt(rec['eps_paper'])}) - {state}")
             _write_records(out, records, meta)
             if bar is not None:
                 bar.update(1)
@@ -315,11 +381,15 @@ def group_records(records: list[dict[str, Any]], keys: list[str] | None = None) 
     out = []
     for key, rs in groups.items():
         row: dict[str, Any] = dict(key)
+        heuristic = any("eps_heuristic" in r for r in rs)
         for field_ in ("final_acc", "best_acc", "final_loss", "bits_total", "eps_rigorous", "eps_paper",
-                       "num_iters", "wall_time_s", "cpu_time_s", "train_cpu_s"):
+                       "num_iters", "wall_time_s", "cpu_time_s", "train_cpu_s") + (("eps_heuristic",) if heuristic else ()):
             m, s, n = mean_std(r.get(field_, float("nan")) for r in rs)
             row[field_], row[f"{field_}_std"] = m, s
             row["n_seeds"] = n if field_ == "final_acc" else row.get("n_seeds", n)
+        if heuristic:  # no implemented proof: no rigorous eps, not even a nan standing in for one
+            row["eps_rigorous"] = row["eps_rigorous_std"] = None
+            row["privacy_note"] = next((r["privacy_note"] for r in rs if r.get("privacy_note")), "heuristic, no DP proof")
         row["records"] = rs
         out.append(row)
     return out
