@@ -21,7 +21,9 @@ instantiation: lower bounds for differentially private machine learning" (arXiv:
 
 The bound is valid for ANY test; it is tight only for a good one. For a true (eps, delta)-DP
 mechanism it must not exceed the rigorous eps (a test checks that); if it exceeds a paper's
-claimed eps, the claim is false with confidence ``1 - alpha``.
+claimed eps, the claim is false with confidence ``1 - alpha``.  Only mechanisms with an
+implemented proof have a rigorous eps: the DPPS family and BQ-SGD report ``eps_heuristic``
+(``eps_rigorous`` None) and are not audited here.
 
 This module is core: it imports neither ``flwr`` nor ``flower_dp.clients`` / ``strategies``.
 Every stochastic function takes a ``numpy.random.Generator``.
