@@ -33,7 +33,8 @@ def write_index(out: Path) -> Path:
         lines.append(f"| {meta['paper']} | {meta['table']} | {meta['scale']} | {len(records)} | {n_ok}/{n_chk} | "
                      f"{wall:.1f} | {cpu:.1f} | [{rel}]({rel}) | `{meta['command']}` |")
     lines += ["", "Wall and CPU time are sums over the runs (each run's own timer; CPU time of the driver process).",
-              "Every report lists its claims one by one, with our numbers, the rigorous eps, and why numbers differ.", ""]
+              "Every report lists its claims one by one, with our numbers, the rigorous eps (for the mechanisms without a "
+              "DP proof, DPPS family and BQ-SGD, a labelled heuristic eps instead), and why numbers differ.", ""]
     path = Path(out) / "README.md"
     rio.atomic_write_bytes(path, "\n".join(lines).encode())
     return path
