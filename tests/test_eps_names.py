@@ -157,6 +157,16 @@ def test_reproduce_records_and_rerender_rename_heuristic_eps(tmp_path):
     with pytest.raises(Exception, match="not 'partpsp'"):
         rerender(tmp_path, paper="partpsp", log=lambda *_: None)
 
+    def reaccount(records):  # the re-accounting hook: sees each run's config, returns the records to render
+        assert all(r["config"]["method"] in ("gau-sgd", "bq-sgd") for r in records)
+        return [dict(r, eps_rigorous=6.5) if r["eps_rigorous"] is not None else r for r in records]
+
+    rerender(tmp_path, transform=reaccount, log=lambda *_: None)
+    doc = json.loads((tmp_path / "records.json").read_text())
+    by = {r["labels"]["algorithm"]: r for r in doc["records"]}
+    assert by["Gau-SGD"]["eps_rigorous"] == 6.5 and by["BQ-SGD"]["eps_rigorous"] is None
+    assert all("config" not in r for r in doc["records"])  # the configs are lent to the hook, not stored
+
 
 def test_runner_results_and_record_of_a_dpps_run(tmp_path):
     """The in-process runner's results.json, RunResult and the reproduce record of a DPPS run: heuristic only."""

@@ -135,7 +135,8 @@ def rerender(
     the plots and ``report.md``.  The paper, table, scale, command, machine and versions come from the
     stored meta (``paper``, when given, must match it).  ``transform(records) -> records`` is the hook for re-accounting finished runs without
     retraining (e.g. new ``eps_rigorous`` for a noise schedule the runs recorded): it gets the migrated
-    records (each with ``config``, ``labels``, ``history``) and returns the ones to render.
+    records (each with ``labels``, ``history`` and, for the duration of the call, ``config``: the run's
+    config rebuilt from the paper's specs by ``run_id``, not stored) and returns the ones to render.
 
     CLI: ``flower-dp reproduce PAPER --rerender --out DIR`` (or ``all --rerender --out docs/results``).
 
@@ -166,8 +167,15 @@ def rerender(
     for r in records:  # as record_from_doc does: uncharged statistics stay out of a record that did not opt in
         if not r.get("uncharged_statistics_released") and r.get("history"):
             r["history"] = [public_history_row(h) for h in r["history"]]
-    if transform is not None:
+    if transform is not None:  # it sees each run's config (rebuilt from the paper's specs) under "config"
+        stored = {r.get("run_id") for r in records if "config" in r}
+        for r in records:
+            if r.get("run_id") not in stored and r.get("run_id") in configs:
+                r["config"] = configs[r["run_id"]]
         records = list(transform(records))
+        for r in records:
+            if r.get("run_id") not in stored:
+                r.pop("config", None)
     meta.update(sweep_wall_time_s=0.0, rerendered=True)
     _write_records(out_path, records, {k: v for k, v in meta.items()
                                        if k not in ("sweep_wall_time_s", "compute_time_s", "cpu_time_s")})
