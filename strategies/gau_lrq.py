@@ -218,7 +218,9 @@ class GauLRQ(FedAvg):
         eps_after = self.schedule.eps_after(k + 1, self.delta) if self.schedule is not None else float("inf")
         if self.private and eps_after > self.epsilon * (1 + 1e-9):
             raise BudgetExceededError(
-                f"round {server_round}: it would bring the client-level eps to {eps_after:.4g}, above the budget "
+                f"round {server_round}: it would bring the client-level "
+                f"{'heuristic eps (no DP proof)' if self.method in HEURISTIC_METHODS else 'eps'} to {eps_after:.4g}, "
+                "above the budget "
                 f"eps = {self.epsilon} at delta = {self.delta}; the run stops here with its results saved "
                 "(raise epsilon or the noise multiplier to train longer)",
                 step=k, epsilon_spent=self.schedule.eps_after(k, self.delta), epsilon_limit=self.epsilon)
