@@ -3,7 +3,8 @@
 COMMON.md section 2: a node is driven by ``flower_dp.gossip`` through ``setup()``,
 ``contribute(k)``, ``local_step(k, reduced)`` and ``mix(inbox)``.  This module holds what
 every algorithm shares: the flat state ``(x, w)``, Poisson sampling keyed by
-``(seed, node, "data", k)``, the gradient stages (batch mean dividing by the *expected*
+``(key, node, "data", k)`` (``key``: the node's secret, or the seed in reproducible mode;
+:mod:`flower_dp.rng`), the gradient stages (batch mean dividing by the *expected*
 batch size B), sender-scaled shares, the push-sum mix, the privacy ledger and
 checkpointing.  Each algorithm module adds only its update rule.
 
@@ -27,7 +28,7 @@ from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_cli
 from flower_dp.mechanisms.flat import flatten_params
 from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, NodeAccountant
 from flower_dp.mechanisms.noise import gaussian_noise
-from flower_dp.rng import numpy_rng
+from flower_dp.rng import NodeKey, node_secret, noise_record, numpy_rng
 from flower_dp.rng import torch_generator
 
 __all__ = ["Plan", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
@@ -92,6 +93,11 @@ class Plan:
     private : bool
         False when nothing is charged (SGP, non-private baselines, ablations).
     warnings : tuple of str
+    reproducible : bool
+        False (default): each node keys its privacy noise and private sampling with its own secret
+        from OS entropy (:func:`flower_dp.rng.node_secret`).  True: a simulation mode keyed by the
+        public ``seed`` (identical numbers on every backend and across resumes; the guarantee holds only
+        against parties that do not know the seed).
     """
 
     algorithm: str
@@ -119,6 +125,7 @@ class Plan:
     nu_always: tuple[np.ndarray, ...] = field(default=(), repr=False)
     node_delta: tuple[float, ...] = ()
     eps_heuristic: tuple[float, ...] = ()
+    reproducible: bool = False
 
     @property
     def eps_key(self) -> str:
@@ -173,6 +180,8 @@ class Plan:
             "private": self.private,
             "noise_std_first_last": [[float(s[0]), float(s[-1])] if len(s) else [] for s in self.noise_std],
             "warnings": list(self.warnings),
+            "reproducible": self.reproducible,
+            "noise": noise_record(self.reproducible),
         }
 
 
@@ -250,6 +259,9 @@ class PushSumNode:
         self.accountant = NodeAccountant(plan.accountant, plan.adjacency)
         self._metrics: dict[str, float] = {}
         self._bits_sent = 0
+        # key of the private streams ("noise", "data"): a fresh 256-bit secret, or the seed in reproducible
+        # mode (flower_dp.rng); never in state_dict, results or logs
+        self._private_key: NodeKey = node_secret(plan.reproducible, plan.seed)
 
     # ----------------------------------------------------------------- interface
     def setup(self) -> None:
@@ -315,7 +327,12 @@ class PushSumNode:
         pass
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume bit-exactly (RNG streams are keyed by k, so none is stored)."""
+        """Everything needed to resume (RNG streams are keyed by k, so none is stored).
+
+        The node's private key is never stored.  Reproducible mode: a resumed run equals an uninterrupted
+        one bit for bit.  Secret mode: :meth:`load_state_dict` draws a fresh secret, so the resumed run
+        continues with fresh, independent noise and batches (valid; it is not the uninterrupted run's numbers).
+        """
         return {
             "node_id": self.node_id,
             "algorithm": self.plan.algorithm,
@@ -338,12 +355,14 @@ class PushSumNode:
         self._bits_sent = int(state["bits_sent"])
         self.accountant.load_state_dict(state["accountant"])
         self._load_extra_state(state["extra"])
+        # a restored node never reuses its old noise at another state: fresh secret (seed in reproducible mode)
+        self._private_key = node_secret(self.plan.reproducible, self.plan.seed)
 
     # ----------------------------------------------------------------- shared stages
     def sample_poisson(self, k: int, batch_size: int) -> torch.Tensor:
-        """Poisson batch: each local sample kept independently w.p. ``q = B/J`` (stream (seed, node, data, k))."""
+        """Poisson batch: each local sample kept independently w.p. ``q = B/J`` (private stream (key, node, data, k))."""
         q = min(1.0, batch_size / self.J)
-        rng = numpy_rng(self.plan.seed, self.node_id, "data", k)
+        rng = numpy_rng(self._private_key, self.node_id, "data", k)
         return torch.as_tensor(np.flatnonzero(rng.random(self.J) < q), dtype=torch.long)
 
     @property
@@ -428,8 +447,8 @@ class PushSumNode:
         return out
 
     def gaussian(self, k: int, std: float, d: int) -> torch.Tensor:
-        """``N(0, std^2 I_d)`` from the stream (seed, node, "noise", k); zeros (no draw) when std == 0."""
-        gen = torch_generator(self.plan.seed, self.node_id, "noise", k, device=self.device) if std > 0 else None
+        """``N(0, std^2 I_d)`` from the private stream (key, node, "noise", k); zeros (no draw) when std == 0."""
+        gen = torch_generator(self._private_key, self.node_id, "noise", k, device=self.device) if std > 0 else None
         return gaussian_noise(d, std, gen, dtype=torch.float32, device=self.device)
 
     def charge_gaussian(self, k: int) -> None:

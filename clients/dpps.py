@@ -226,7 +226,7 @@ class DPPSNode(PushSumNode):
         x_noise = self.x_half
         if p.gamma_n > 0:
             S = float(reduced["S_real"] if p.sensitivity == "real" else reduced["S"])
-            gen = torch_generator(self.plan.seed, i, "noise", k, device=self.device)
+            gen = torch_generator(self._private_key, i, "noise", k, device=self.device)
             n = laplace_noise(self.x.numel(), S / p.b, gen, device=self.device)      # n ~ Lap(0, S/b)
             self.accountant.charge_laplace(nu=float(self.plan.nu[i][k]))               # one charge per round
             x_noise = self.x_half + p.gamma_n * n                                      # eq. (8)
@@ -265,7 +265,7 @@ class PEDFLNode(DPSGDNode):
         self._metrics = dict(stats)
         if p.gamma_n > 0:
             S = float(reduced["S_real"])
-            gen = torch_generator(self.plan.seed, i, "noise", k, device=self.device)
+            gen = torch_generator(self._private_key, i, "noise", k, device=self.device)
             sent = self.x + p.gamma_n * laplace_noise(self.x.numel(), S / p.b, gen, device=self.device)
             self.accountant.charge_laplace(nu=float(self.plan.nu[i][k]))
             self._metrics.update(sensitivity_real=S, noise_std=math.sqrt(2) * p.gamma_n * S / p.b)

@@ -231,7 +231,7 @@ class PrivSGPVRNode(PushSumNode):
                                "at x^0 there, privsgp-vr.md 8.19), got local_step first")
         i, b = self.node_id, self.params.batch_size
         clip, std = float(self.plan.clip[i][k]), float(self.plan.noise_std[i][k])
-        blk = int(numpy_rng(self.plan.seed, i, "data", k).integers(self.n_blocks))   # step 1: xi ~ U
+        blk = int(numpy_rng(self._private_key, i, "data", k).integers(self.n_blocks))  # step 1: xi ~ U (private)
         g, h, stats = self.vr_gradient(self.z(), blk, clip, k)                        # steps 2-3
         if self.vr:
             self.avg += (h.to(torch.float64) - self.table[blk]) / self.n_blocks       # step 4: avg, then table

@@ -32,7 +32,7 @@ import torch
 
 from flower_dp.gossip import Contribution, Share
 from flower_dp.gossip import relay as keys
-from flower_dp.rng import numpy_rng
+from flower_dp.rng import NodeKey, numpy_rng
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
            "registry_builder", "spec_from_config", "plan_spec", "model_builder", "make_client_app", "handle_message",
@@ -212,7 +212,7 @@ def spec_from_config(config: Any) -> dict[str, Any]:
     dim = sum(p.numel() for p in _new_model(cfg, train.num_classes).parameters())
     plan = prepare(cfg["algorithm"]["name"], dict(cfg["algorithm"]["params"]), n_nodes=int(cfg["topology"]["n_nodes"]),
                    samples_per_node=[len(p) for p in parts], num_iters=int(cfg["run"]["num_iters"]), dim=dim,
-                   seed=int(cfg["run"]["seed"]))
+                   seed=int(cfg["run"]["seed"]), reproducible=bool(cfg["run"].get("reproducible", False)))
     return {"builder": "registry", "algorithm": cfg["algorithm"]["name"], "config": cfg, "plan": plan}
 
 
@@ -262,7 +262,8 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 
 def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
               samples_per_node: int | list[int], num_iters: int, topology: str = "exp_one_peer",
-              topology_kwargs: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
+              topology_kwargs: dict[str, Any] | None = None, seed: int = 0,
+              reproducible: bool = False) -> dict[str, Any]:
     """Server side of a drop-in run with your own model: the node spec for :class:`PushSumStrategy`.
 
     Parameters
@@ -277,13 +278,19 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
     num_iters : int
         K requested; ``spec["plan"].num_iters`` is K after any budget truncation.
     topology, topology_kwargs : a :func:`flower_dp.topology.make_topology` name and arguments.
+    seed : int
+        Public randomness (topology, model init); and, only with ``reproducible=True``, the noise.
+    reproducible : bool
+        False (default): each node draws its privacy noise and batches from its own secret (OS
+        entropy).  True: the simulation mode keyed by ``seed`` (same numbers on every backend; the
+        guarantee holds only against parties that do not know the seed).
     """
     from flower_dp.clients.registry import prepare
 
     J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
     dim = sum(p.numel() for p in model_fn().parameters())
     plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
-                   dim=dim, seed=int(seed))
+                   dim=dim, seed=int(seed), reproducible=bool(reproducible))
     return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
             "topology_kwargs": dict(topology_kwargs or {})}
 
@@ -335,7 +342,9 @@ def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | 
 
     Flower may run a node's next message in another ClientApp process.  A node rebuilt
     between its ``contribute`` and ``step`` requests starts from the state saved *before*
-    ``contribute(k)`` and replays it (deterministic: streams are keyed by ``k``).
+    ``contribute(k)`` and replays it (deterministic: streams are keyed by ``k`` and the node's
+    private key, which :func:`_save_relay_node` keeps in ``context.state`` - node-local storage of
+    the SuperNode, never sent to the server - so a rebuilt node keeps its secret).
     """
     rec = context.state["pushsum"]
     version, session = int(rec["version"]), str(rec["session"])
@@ -345,6 +354,8 @@ def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | 
     spec = keys.decode(rec["spec"])
     node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, _relay_device(spec))
     node.load_state_dict(keys.decode(rec["state"]))
+    if "private_key" in rec and hasattr(node, "_private_key"):  # the same secret as before the rebuild
+        node._private_key = NodeKey.from_bytes(rec["private_key"])
     if action == "step" and int(rec["pending_k"]) == k:
         node.contribute(k)
     return node, version
@@ -355,6 +366,8 @@ def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version
     """Store ``state`` (default: the node's state now) in ``context.state`` and cache the node object."""
     rec = context.state["pushsum"]
     rec["state"] = keys.encode(node.state_dict() if state is None else state)
+    if getattr(node, "_private_key", None) is not None:  # node-local only (context.state stays on the SuperNode)
+        rec["private_key"] = node._private_key.to_bytes()
     rec["pending_k"] = int(pending_k)
     rec["version"] = version + 1
     context.state["pushsum"] = rec

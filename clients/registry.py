@@ -93,8 +93,14 @@ def prepare(
     num_iters: int,
     dim: int,
     seed: int,
+    reproducible: bool = False,
 ) -> Plan:
-    """Validate, calibrate and plan one run of ``algorithm`` (see the module docstring)."""
+    """Validate, calibrate and plan one run of ``algorithm`` (see the module docstring).
+
+    ``reproducible=False`` (default): every node keys its privacy noise and private sampling with its
+    own secret from OS entropy.  ``True``: the simulation mode keyed by the public ``seed`` (identical
+    numbers on every backend; the guarantee holds only against parties that do not know the seed).
+    """
     _check_algorithm(algorithm)
     n_nodes = check_int("n_nodes", n_nodes, minimum=1)
     num_iters = check_int("num_iters", num_iters, minimum=1)
@@ -109,7 +115,7 @@ def prepare(
     budget = getattr(p, "budget_epsilon", None)
     if budget is not None and plan.private:
         plan = _truncate_to_budget(plan, float(budget))
-    return plan
+    return dataclasses.replace(plan, reproducible=bool(reproducible))
 
 
 def _planned_steps(plan: Plan, i: int, K: int) -> list:

@@ -1,21 +1,117 @@
-"""Deterministic random streams, one per (seed, node, purpose, k).
+"""Random streams, one per (key, node, purpose, k), and the node secret that keys the private ones.
 
-COMMON.md 2.1: every random draw comes from a stream keyed by the run seed, the node,
-the purpose ("data", "noise", "compress", "init", ...) and the iteration, so every
-backend (in-process, Ray, relay) draws exactly the same numbers and nodes' noise is
-independent.  Nothing here touches global RNG state.
+COMMON.md 2.1: every random draw comes from a stream keyed by a key, the node, the purpose
+("data", "noise", "compress", "init", ...) and the iteration, so nodes' draws are independent,
+a node redraws the same numbers for the same ``k`` (a relay node rebuilt between ``contribute(k)``
+and ``local_step(k)`` replays ``k`` exactly) and nothing here touches global RNG state.
+
+Threat model (DESIGN.md "Privacy: tell the truth", issue 12 item 2).  The seed of a run is public:
+it is written to ``results.json`` and the plan summary.  So the streams of the *private* purposes
+(:data:`PRIVATE_PURPOSES`: ``"noise"`` - privacy noise - and ``"data"`` - private sampling: Poisson
+batches, PrivSGP's block choice) are keyed by a **node secret**, not by the seed:
+
+* secret mode (the default): :func:`node_secret` draws 256 bits from OS entropy
+  (``secrets.randbits``) when a node is built.  The secret never leaves the node: it is not in
+  ``state_dict`` / checkpoints, results, logs, the plan summary or any ``repr``.  Nodes need no
+  shared secret: each node's noise only has to be unknown to everyone else and independent.  A
+  node restored from a checkpoint (resume, a restart after a dead worker) draws a *fresh* secret:
+  its later steps get fresh, independent noise, which is valid (the released steps were charged).
+* reproducible mode (``reproducible=True``, ``[run] reproducible = true``, ``--reproducible``): the
+  key is the run seed, exactly the streams of earlier versions, so every backend draws the same
+  numbers and a resumed run equals an uninterrupted one.  A simulation mode: the privacy guarantee
+  holds only against parties that do not know the seed; results say so (:func:`noise_record`).
+
+Public randomness (model init ``"init"``, ``"topology"``, compressor masks ``"compress"``,
+``"eval"``, PrivSGP's block partition) stays keyed by the seed in both modes.
+
+API: ``key = node_secret(plan.reproducible, plan.seed)`` once per node, then
+``torch_generator(key, node, "noise", k)`` / ``numpy_rng(key, node, "data", k)``; the stream
+functions take an int seed or a :class:`NodeKey`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import secrets
 
 import numpy as np
 
-__all__ = ["PURPOSES", "stream_seed", "numpy_rng", "torch_generator"]
+__all__ = ["PURPOSES", "PRIVATE_PURPOSES", "NodeKey", "node_secret", "noise_record", "stream_seed", "numpy_rng",
+           "torch_generator", "SECRET_NOTE", "REPRODUCIBLE_NOTE"]
 
 #: Known purposes; the integer code is part of the stream key and must never change.
 PURPOSES = {"data": 0, "noise": 1, "compress": 2, "init": 3, "sample": 4, "lrq": 5, "topology": 6, "eval": 7}
+
+#: Purposes whose draws must stay unknown outside the node (privacy noise, private sampling).
+PRIVATE_PURPOSES = frozenset({"noise", "data", "sample", "lrq"})
+
+#: The ``note`` of :func:`noise_record` in each mode.
+SECRET_NOTE = ("privacy noise and private sampling are drawn from a per-node 256-bit secret (OS entropy) that "
+               "never leaves the node; the seed keys only public randomness (model init, topology, compression)")
+REPRODUCIBLE_NOTE = ("reproducible simulation mode: privacy noise and private sampling are drawn from streams keyed "
+                     "by the run seed, which this file publishes; the privacy guarantee holds only against parties "
+                     "that do not know the seed (whoever holds the seed and the messages can subtract the noise)")
+
+
+class NodeKey:
+    """The key of a node's private streams: a secret (hidden in ``repr``/``str``, not JSON-serialisable)
+    or, in reproducible mode, the run seed.  Pass it to :func:`torch_generator` / :func:`numpy_rng`."""
+
+    __slots__ = ("_value", "reproducible")
+
+    def __init__(self, value: int, reproducible: bool = False) -> None:
+        self._value = int(value)
+        self.reproducible = bool(reproducible)
+
+    @property
+    def mode(self) -> str:
+        """``"reproducible"`` or ``"secret"``."""
+        return "reproducible" if self.reproducible else "secret"
+
+    def __repr__(self) -> str:
+        return "NodeKey(reproducible, seed)" if self.reproducible else "NodeKey(secret)"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NodeKey) and other._value == self._value and other.reproducible == self.reproducible
+
+    def __hash__(self) -> int:
+        return hash((NodeKey, self._value))
+
+    def __getstate__(self):  # pickling moves a node between its own processes (Ray host, relay cache)
+        return (self._value, self.reproducible)
+
+    def __setstate__(self, state) -> None:
+        self._value, self.reproducible = state
+
+    def to_bytes(self) -> bytes:
+        """The key as 32 bytes, for node-local storage only (a relay node's ``context.state``)."""
+        return self._value.to_bytes(32, "big", signed=False) + bytes([self.reproducible])
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> NodeKey:
+        """Inverse of :meth:`to_bytes`."""
+        return cls(int.from_bytes(bytes(data[:32]), "big"), bool(data[32]))
+
+
+def node_secret(reproducible: bool, seed: int) -> NodeKey:
+    """The key of one node's private streams: the run ``seed`` when ``reproducible``, else a fresh
+    256-bit secret from OS entropy (``secrets.randbits(256)``).  Call once per node, where it is built."""
+    if reproducible:
+        return NodeKey(int(seed), reproducible=True)
+    return NodeKey(secrets.randbits(256), reproducible=False)
+
+
+def noise_record(reproducible: bool, note: str | None = None) -> dict[str, str]:
+    """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...}``
+    (``note`` replaces the default note of the mode)."""
+    mode = "reproducible" if reproducible else "secret"
+    return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE)}
+
+
+def _seed_int(key: int | NodeKey) -> int:
+    return key._value if isinstance(key, NodeKey) else int(key)
 
 
 def _purpose_code(purpose: str | int) -> int:
@@ -26,24 +122,24 @@ def _purpose_code(purpose: str | int) -> int:
     return PURPOSES[purpose]
 
 
-def stream_seed(seed: int, node: int, purpose: str | int, k: int = 0) -> int:
-    """A 63-bit integer seed for the stream (seed, node, purpose, k).
+def stream_seed(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0) -> int:
+    """A 63-bit integer seed for the stream (seed, node, purpose, k); ``seed`` is the run seed or a :class:`NodeKey`.
 
     Built from ``numpy.random.SeedSequence(seed, spawn_key=(node, purpose, k))`` so
     streams for different keys are statistically independent.
     """
-    ss = np.random.SeedSequence(int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
+    ss = np.random.SeedSequence(_seed_int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
     a = ss.generate_state(2, dtype=np.uint32)
     return ((int(a[0]) << 32) | int(a[1])) & ((1 << 63) - 1)
 
 
-def numpy_rng(seed: int, node: int, purpose: str | int, k: int = 0) -> np.random.Generator:
+def numpy_rng(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0) -> np.random.Generator:
     """A ``numpy.random.Generator`` (PCG64) for the stream (seed, node, purpose, k)."""
-    ss = np.random.SeedSequence(int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
+    ss = np.random.SeedSequence(_seed_int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
     return np.random.default_rng(ss)
 
 
-def torch_generator(seed: int, node: int, purpose: str | int, k: int = 0, device: str = "cpu"):
+def torch_generator(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0, device: str = "cpu"):
     """A ``torch.Generator`` on ``device`` seeded for the stream (seed, node, purpose, k)."""
     import torch
 
@@ -56,6 +152,6 @@ def key_digest(*parts: object) -> bytes:
     """A 32-byte digest of the parts (used to derive keyed streams from secrets)."""
     h = hashlib.sha256()
     for p in parts:
-        h.update(repr(p).encode())
+        h.update(repr(_seed_int(p) if isinstance(p, NodeKey) else p).encode())
         h.update(b"\x00")
     return h.digest()

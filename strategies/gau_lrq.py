@@ -64,6 +64,7 @@ from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
 from flower_dp.clients.lrq_mod import KEYS, META_KEY, PARTITION_META, PAYLOAD_KEY, load_secret, run_key
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
+from flower_dp.rng import noise_record
 from flower_dp.strategies.baselines import METHODS, PAPER_NAMES, RoundSpec, decode_update, payload_bytes
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes", "BQ_PRIVACY_NOTE"]
@@ -72,6 +73,11 @@ __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "me
 BQ_PRIVACY_NOTE = ("noise matched by variance to the Gaussian; no DP proof: BQ-SGD's binomial noise has the variance "
                    "of the Gaussian the accountant charges, and eps_heuristic is that Gaussian's eps")
 HEURISTIC_METHODS = {"bq": BQ_PRIVACY_NOTE}
+
+#: ``results()["noise"]["note"]`` of a run keyed by a secret (the default)
+GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise are keyed by a run secret that only the "
+                       "server and the clients hold (trusted server) and a fresh random nonce per run; the seed keys "
+                       "only public randomness (initial model, client data, local minibatches)")
 
 
 class GauLRQ(FedAvg):
@@ -106,6 +112,9 @@ class GauLRQ(FedAvg):
         :class:`~flower_dp.errors.CheckpointError` otherwise); it ends with exactly the numbers of an
         uninterrupted run.
     run_info : dict or None, public facts about the run (dataset, model, seed, ...) copied into the results.
+    reproducible : bool, a label only: True when the caller derived ``secret`` and ``stream_nonce`` from a public
+        seed (:func:`flower_dp.experiments.gau_lrq.run_gau_lrq` with ``reproducible=True``); ``results()["noise"]``
+        then says the guarantee holds only against parties that do not know the seed.
     keep_decoded : bool, keep every round's theta_k, decoded updates and dropout noise (tests; memory B d per round).
     debug_metrics : bool, default False: the clients' train (and client-side evaluate) metrics are statistics
         of their private data that the accountant does not charge, so they are neither aggregated into the
@@ -122,7 +131,7 @@ class GauLRQ(FedAvg):
                  secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4, layer_dtype: str = "float64",
                  out_dir: str | Path | None = None, keep_decoded: bool = False, stream_nonce: str | None = None,
                  resume: bool = False, run_info: dict | None = None, debug_metrics: bool = False,
-                 **fedavg_kwargs) -> None:
+                 reproducible: bool = False, **fedavg_kwargs) -> None:
         self.N = check_int("num_clients", num_clients, minimum=1)
         self.B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=self.N)
         for name in ("fraction_train", "min_train_nodes", "min_available_nodes"):
@@ -146,6 +155,7 @@ class GauLRQ(FedAvg):
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.keep_decoded = bool(keep_decoded)
         self.resume = bool(resume)
+        self.reproducible = bool(reproducible)
         if self.resume and self.out_dir is None:
             raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
         self.run_info = dict(run_info or {})
@@ -483,6 +493,7 @@ class GauLRQ(FedAvg):
                           "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
                           "stream_nonce": self.stream_nonce},
                "run": self.run_info,
+               "noise": noise_record(self.reproducible, note=None if self.reproducible else GAU_LRQ_SECRET_NOTE),
                "privacy": None if sch is None else {
                    "unit": "client", "adjacency": "replace_one", "sampling": "fixed-size B of N without replacement",
                    "accountant": "min(PLD, RDP) of the fixed-size dominating pair: PoissonSampled(B/N, Gaussian(z/2)) "

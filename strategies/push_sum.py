@@ -24,7 +24,9 @@ from :func:`flower_dp.clients.registry.prepare`.
 Faults (issue 9): when a host actor dies mid-segment (its worker process is killed), the
 strategy logs the round, the segment and the nodes lost, starts new host actors, has the
 ClientApps register their nodes again, restores every node from the last checkpoint and
-reruns the segment: the run ends with the numbers of an uninterrupted one.  After
+reruns the segment: with a reproducible plan (``prepare(..., reproducible=True)``) the run ends with the
+numbers of an uninterrupted one; by default every restored node draws a fresh secret (its noise and
+batches after the restore are fresh and independent; :mod:`flower_dp.rng`).  After
 ``max_retries`` such restarts in one segment it stops cleanly (results so far saved) with a
 :class:`~flower_dp.gossip.NodeFailureError`.  ``resume=True`` continues a stopped run from
 ``out_dir/checkpoint.pt``; a corrupted checkpoint is refused (checksum), never loaded.
@@ -51,6 +53,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.gossip.relay import decode, encode
+from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 
 __all__ = ["PushSumStrategy"]
@@ -409,6 +412,8 @@ class PushSumStrategy(Strategy):
             status = "stopped_by_budget"
         doc = {"name": self.run_name, "status": status, "error": error,
                "config": (self.spec.get("config") or {}), "seed": getattr(plan, "seed", None),
+               # the toy node (no plan) draws seeded noise and claims no privacy
+               "noise": noise_record(bool(getattr(plan, "reproducible", True))),
                "algorithm": self.spec.get("algorithm", "custom"), "backend": f"flower-{self.transport}",
                "num_iters_requested": int(getattr(plan, "num_iters_requested", self.num_iters)),
                "num_iters": self.num_iters, "iters_per_round": self.iters_per_round, "history": rows,

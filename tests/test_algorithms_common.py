@@ -47,12 +47,18 @@ def logreg_model(features: int = 5) -> nn.Module:
 _PLANS: dict = {}
 
 
-def cached_plan(algorithm, params, *, n_nodes, samples_per_node, num_iters, dim, seed=0):
-    """``registry.prepare`` memoized per test session (calibration costs ~1-3 s per new config)."""
-    key = (algorithm, repr(sorted(params.items())), n_nodes, tuple(samples_per_node), num_iters, dim, seed)
+def cached_plan(algorithm, params, *, n_nodes, samples_per_node, num_iters, dim, seed=0, reproducible=True):
+    """``registry.prepare`` memoized per test session (calibration costs ~1-3 s per new config).
+
+    ``reproducible=True`` by default: these tests check the algorithms' numbers (same seed -> same run,
+    resume = uninterrupted run), so they use the seeded simulation mode; the default secret mode is
+    tested in tests/test_secret_noise.py.
+    """
+    key = (algorithm, repr(sorted(params.items())), n_nodes, tuple(samples_per_node), num_iters, dim, seed,
+           reproducible)
     if key not in _PLANS:
         _PLANS[key] = registry.prepare(algorithm, dict(params), n_nodes=n_nodes, samples_per_node=list(samples_per_node),
-                                       num_iters=num_iters, dim=dim, seed=seed)
+                                       num_iters=num_iters, dim=dim, seed=seed, reproducible=reproducible)
     return _PLANS[key]
 
 

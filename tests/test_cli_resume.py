@@ -13,6 +13,7 @@ seed = 1
 num_iters = 4
 eval_every = 2
 progress = false
+reproducible = true  # resume == uninterrupted: the seeded simulation mode
 [data]
 dataset = "synthetic_fashion_mnist"
 samples_per_node = 32

@@ -96,7 +96,8 @@ def test_flower_on_ray_partpsp_matches_inprocess_runner(tmp_path):
 
     torch.set_num_threads(1)
     cfg = config_from_dict({
-        "run": {"seed": 3, "num_iters": 6, "eval_every": 3, "checkpoint": False, "progress": False},
+        "run": {"seed": 3, "num_iters": 6, "eval_every": 3, "checkpoint": False, "progress": False,
+                "reproducible": True},  # Flower == in-process bit for bit: the seeded simulation mode
         "data": {"dataset": "fashion_mnist", "samples_per_node": 32, "test_samples": 200},
         "model": {"name": "partpsp_mlp"},
         "topology": {"name": "exp_one_peer", "n_nodes": N},

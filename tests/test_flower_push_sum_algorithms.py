@@ -36,7 +36,8 @@ def _cfg(name):
     params, model, topo = CASES[name]
     topology = {"name": topo, "n_nodes": N, **({"seed": 2} if topo == "random_irregular" else {})}
     return config_from_dict({
-        "run": {"name": name, "seed": 5, "num_iters": K, "eval_every": R, "checkpoint": False, "progress": False},
+        "run": {"name": name, "seed": 5, "num_iters": K, "eval_every": R, "checkpoint": False, "progress": False,
+                "reproducible": True},  # every backend == in-process: the seeded simulation mode
         "data": {"dataset": "fashion_mnist", "samples_per_node": 32, "test_samples": 100},
         "model": {"name": model},
         "topology": topology,

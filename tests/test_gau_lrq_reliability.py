@@ -227,22 +227,28 @@ def test_run_gau_lrq_dynamic_matches_the_fixed_budget_and_local_sgd_has_no_priva
 
 
 def test_run_gau_lrq_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path):
-    """The runner with LeNet-style user code: kill it in round 3, resume -> the same numbers."""
-    full = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "full", **SMALL)
+    """The runner with LeNet-style user code: kill it in round 3, resume -> the same numbers.
+
+    Comparing two runs needs the seeded simulation mode (reproducible=True: secret and nonce from the seed);
+    by default every run draws a fresh secret and nonce (tests/test_secret_noise.py)."""
+    from flower_dp.experiments.gau_lrq import _app_with_secret, reproducible_secret
+
+    full = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "full", reproducible=True, **SMALL)
+    assert full["noise"]["mode"] == "reproducible" and "seed" in full["noise"]["note"]
 
     def crashing(msg: Message, ctx: Context) -> Message:
         if int(msg.content["config"]["server-round"]) == 3:
             raise _Crash()
         return train(msg, ctx)
 
-    secret_file = str(tmp_path / "full" / "lrq.secret")  # the same secret: the same streams
-    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+    secret = reproducible_secret(0)  # the seed's secret: the same streams
+    app = ClientApp(mods=[make_gau_lrq_mod(secret=secret)])
     app.train()(crashing)
     with pytest.raises(_Crash):
-        run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", secret_file=secret_file,
+        run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", reproducible=True,
                     client_app=app, **SMALL)
-    res = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", secret_file=secret_file,
-                      resume=True, client_app=make_client_app(secret_file), **SMALL)
+    res = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", reproducible=True,
+                      resume=True, client_app=_app_with_secret(secret), **SMALL)
     assert {k: v for k, v in res.items() if k != "wall_time_s"} == {k: v for k, v in full.items() if k != "wall_time_s"}
 
 

@@ -269,7 +269,8 @@ def test_real_algorithms_bit_identical_on_ray(ray_local, algorithm, params, topo
         data = [(torch.randn(J, 1, 28, 28, generator=g), torch.randint(0, 10, (J,), generator=g)) for _ in range(n)]
     topo = make_topology(topo_name, n, **({"seed": 2} if topo_name == "random_irregular" else {}))
     dim = sum(p.numel() for p in model_fn().parameters())
-    plan = registry.prepare(algorithm, params, n_nodes=n, samples_per_node=[J] * n, num_iters=K, dim=dim, seed=1)
+    plan = registry.prepare(algorithm, params, n_nodes=n, samples_per_node=[J] * n, num_iters=K, dim=dim, seed=1,
+                            reproducible=True)  # bit-identical backends: the seeded simulation mode
     factory = functools.partial(build_plan_node, plan=plan, topology=registry.topology_for(plan, topo),
                                 model_fn=model_fn, data=data)
     ref, ref_bits, ref_metrics = _inprocess(factory, n, [(0, 2), (2, K)])

@@ -7,6 +7,7 @@ Flower-on-Ray run ends with the node parameters of the in-process loop over the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -35,6 +36,8 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
 
     from flower_dp.clients.push_sum_app import model_builder, plan_spec
 
+    # Flower == in-process bit for bit needs the seeded simulation mode (the app's run config reproducible = true)
+    monkeypatch.setattr(server_app, "plan_spec", functools.partial(plan_spec, reproducible=True))
     run_simulation(server_app=server_app.app, client_app=client_app.app, num_supernodes=NUM_PARTITIONS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"_node_ip_address": "127.0.0.1"}})
@@ -44,7 +47,7 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
     # the same nodes, in-process
     spec = plan_spec("dyn_d2p", {"variant": "dyn", "epsilon": 3.0, "delta": 1e-4, "lr": 0.1, "batch_size": 8},
                      n_nodes=NUM_PARTITIONS, model_fn=Net, samples_per_node=SAMPLES, num_iters=12,
-                     topology="random_irregular", topology_kwargs={"seed": 0})
+                     topology="random_irregular", topology_kwargs={"seed": 0}, reproducible=True)
     torch.set_num_threads(1)  # as in the host actors (threads_per_host = 1)
     build = model_builder(Net, load_data)
     nodes = [build(i, spec)(i, "cpu") for i in range(NUM_PARTITIONS)]

@@ -75,7 +75,8 @@ def _plan_factory(algorithm, params, model, topo_name):
         data = [(torch.randn(16, 1, 28, 28, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(N)]
     topo = make_topology(topo_name, N, **({"seed": 2} if topo_name == "random_irregular" else {}))
     dim = sum(p.numel() for p in model_fn().parameters())
-    plan = registry.prepare(algorithm, params, n_nodes=N, samples_per_node=[16] * N, num_iters=K, dim=dim, seed=1)
+    plan = registry.prepare(algorithm, params, n_nodes=N, samples_per_node=[16] * N, num_iters=K, dim=dim, seed=1,
+                            reproducible=True)  # bit-identical backends: the seeded simulation mode
     return functools.partial(build_plan_node, plan=plan, topology=registry.topology_for(plan, topo),
                              model_fn=model_fn, data=data)
 

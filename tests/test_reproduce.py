@@ -82,7 +82,9 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     import flower_dp.reproduce as rp
 
     out = tmp_path / "csgp"
-    rep = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, command="flower-dp reproduce dp-csgp --scale smoke")
+    # reproducible: the interrupted run below must come back with the same numbers (seeded simulation mode)
+    rep = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, command="flower-dp reproduce dp-csgp --scale smoke",
+                    reproducible=True)
     for f in ("records.json", "records.csv", "summary.csv", "report.md", "accuracy_vs_bits.png", "learning_curves.png"):
         assert (out / f).is_file(), f
     assert (out / "accuracy_vs_bits.png").read_bytes()[:4] == b"\x89PNG"
@@ -95,6 +97,8 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     report = (out / "report.md").read_text()
     assert "flower-dp reproduce dp-csgp --scale smoke" in report and "## Claims" in report
     assert "eps rigorous" in report and "![accuracy_vs_bits.png](accuracy_vs_bits.png)" in report
+    assert "Noise: **reproducible (seeded simulation mode)**" in report                # the seeded mode is labelled
+    assert all(r["noise_mode"] == "reproducible" for r in doc["records"])
     assert "![learning_curves.png](learning_curves.png)" in report          # accuracy and loss vs iteration
     claims = {c.name: c for c in rep.claims}
     bits_claim = [c for n, c in claims.items() if "fewer bits" in n]
@@ -104,7 +108,7 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     # nothing is re-run on a second call
     calls = []
     monkeypatch.setattr("flower_dp.experiments.run_experiment", lambda *a, **k: calls.append(a))
-    rep2 = rp.reproduce("dp-csgp", scale="smoke", out=out, seeds=1)
+    rep2 = rp.reproduce("dp-csgp", scale="smoke", out=out, seeds=1, reproducible=True)
     assert not calls and all(r["reused"] for r in rep2.records)
     assert [r["final_acc"] for r in rep2.records] == [r["final_acc"] for r in rep.records]
     monkeypatch.undo()
@@ -115,7 +119,7 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     d = json.loads(res.read_text())
     d["status"] = "running"
     res.write_text(json.dumps(d))
-    rep3 = reproduce("dp-csgp", scale="smoke", out=out, seeds=1)
+    rep3 = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, reproducible=True)
     reused = {r["run_id"]: r["reused"] for r in rep3.records}
     assert reused[victim] is False and sum(reused.values()) == 2
     assert rep3.records[1]["final_acc"] == pytest.approx(rep.records[1]["final_acc"], abs=1e-12)
@@ -186,7 +190,10 @@ def test_privsgp_vr_kstar_constants_and_grid():
 def test_flower_backend_reproduces_inprocess_numbers(tmp_path):
     """--backend flower (Flower simulation on Ray) gives the in-process run's numbers for the same spec."""
     paper = _subset(get_paper("dp-csgp"), lambda s: s.labels["algorithm"] == "rand50")
-    specs = paper.build_runs("smoke", "fig1-2", [0])
+    from flower_dp.reproduce import _with_noise_mode
+
+    # the same numbers on both backends: the seeded simulation mode (flower-dp reproduce --reproducible)
+    specs = [_with_noise_mode(s, True) for s in paper.build_runs("smoke", "fig1-2", [0])]
     ref = run_sweep(paper, specs, tmp_path / "inproc", log=lambda *_: None)
     fl = run_sweep(paper, specs, tmp_path / "flower", backend="flower", log=lambda *_: None)
     assert fl[0]["backend"] == "flower-ray" and ref[0]["backend"] == "inprocess"

@@ -12,11 +12,12 @@ from flower_dp.errors import NonFiniteError
 from flower_dp.experiments import config_from_dict, run_experiment
 
 
-def _cfg(**algo):
+def _cfg(reproducible=False, **algo):
     params = {"variant": "dyn", "epsilon": 4.0, "delta": 1e-4, "batch_size": 8, "lr": 0.1, "accountant": "rdp"}
     params.update(algo)
     return config_from_dict({
-        "run": {"name": "t", "seed": 1, "num_iters": 6, "eval_every": 3, "progress": False},
+        "run": {"name": "t", "seed": 1, "num_iters": 6, "eval_every": 3, "progress": False,
+                "reproducible": reproducible},
         "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 64, "test_samples": 200},
         "model": {"name": "logreg"},
         "topology": {"name": "exp_one_peer", "n_nodes": 4},
@@ -38,7 +39,8 @@ def test_results_file_complete(tmp_path):
 
 
 def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, monkeypatch):
-    full = run_experiment(_cfg(), out_dir=tmp_path / "full")
+    # resume == uninterrupted holds in the seeded simulation mode (secret mode: tests/test_secret_noise.py)
+    full = run_experiment(_cfg(reproducible=True), out_dir=tmp_path / "full")
     real_eval = runner_mod.evaluate_params
     calls = {"n": 0}
 
@@ -50,11 +52,11 @@ def test_resume_gives_the_numbers_of_an_uninterrupted_run(tmp_path, monkeypatch)
 
     monkeypatch.setattr(runner_mod, "evaluate_params", crash_on_second)
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(_cfg(), out_dir=tmp_path / "cut")
+        run_experiment(_cfg(reproducible=True), out_dir=tmp_path / "cut")
     monkeypatch.setattr(runner_mod, "evaluate_params", real_eval)
     partial = json.loads((tmp_path / "cut" / "results.json").read_text())
     assert partial["status"] == "running" and len(partial["history"]) == 1  # results so far stay valid
-    resumed = run_experiment(_cfg(), out_dir=tmp_path / "cut", resume=True)
+    resumed = run_experiment(_cfg(reproducible=True), out_dir=tmp_path / "cut", resume=True)
     assert resumed.history == full.history
     # the training CPU time carries over the stop: it only grows, and it never enters the history
     done = json.loads((tmp_path / "cut" / "results.json").read_text())

@@ -50,8 +50,24 @@ def _report(res) -> None:
         else:
             eps_r = max(float(p.get("eps_rigorous", float("nan"))) for p in per_node)
             print(f"privacy per node: rigorous eps = {eps_r:.4f} (delta = {delta}); paper formula's eps = {eps_p:.4f}")
+    noise = (res.privacy.get("plan") or {}).get("noise")
+    if noise:
+        print(f"noise: {noise['mode']}" + (" (simulation mode: " + noise["note"] + ")"
+                                          if noise["mode"] == "reproducible" else ""))
     if res.out_dir is not None:
         print(f"results: {res.out_dir / 'results.json'}")
+
+
+def _with_reproducible(overrides: dict[str, Any], flag: bool) -> dict[str, Any]:
+    """``--reproducible`` = ``--set run.reproducible=true``."""
+    return {**overrides, "run.reproducible": True} if flag else overrides
+
+
+#: help of ``--reproducible`` (run, quickstart)
+REPRODUCIBLE_HELP = ("simulation mode: draw privacy noise and private sampling from streams keyed by the run seed "
+                     "(identical numbers on every backend and across resumes); the guarantee then holds only "
+                     "against parties that do not know the seed, which results.json publishes.  Default: each "
+                     "node's own secret from OS entropy")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -61,7 +77,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.config)
     if not path.exists() and not path.suffix:
         path = builtin_config_path(args.config)
-    cfg = load_config(path, parse_overrides(args.set))
+    cfg = load_config(path, _with_reproducible(parse_overrides(args.set), args.reproducible))
     out, resume = args.out, bool(args.resume)
     if isinstance(args.resume, str):  # --resume DIR
         if out is not None and out != args.resume:
@@ -76,7 +92,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     from .config import load_config
     from .runner import run_experiment
 
-    overrides = parse_overrides(args.set)
+    overrides = _with_reproducible(parse_overrides(args.set), args.reproducible)
     cfg = load_config(builtin_config_path("quickstart"), overrides)
     print(
         f"quickstart: {cfg.algorithm['name']} ({cfg.algorithm['params'].get('variant', '')}) on "
@@ -95,6 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
                    help="continue a stopped run from the checkpoint in DIR (or in --out)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--reproducible", action="store_true", help=REPRODUCIBLE_HELP)
     p.set_defaults(func=_cmd_run)
 
     q = sub.add_parser(
@@ -104,4 +121,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     q.add_argument("--out", default="runs/quickstart", help="results folder (default: runs/quickstart)")
     q.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
+    q.add_argument("--reproducible", action="store_true", help=REPRODUCIBLE_HELP)
     q.set_defaults(func=_cmd_quickstart)

@@ -4,7 +4,9 @@ A config has five tables::
 
     [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes, progress,
                  device ("cpu", "cuda", "cuda:1" or "auto"), debug_metrics (default false: per-node
-                 training statistics of private data stay on the node; see flower_dp.releases)
+                 training statistics of private data stay on the node; see flower_dp.releases),
+                 reproducible (default false: privacy noise and private sampling come from each node's
+                 secret; true: a simulation mode keyed by the published seed, see flower_dp.rng)
     [data]       dataset, root, partition, alpha, samples_per_node, test_samples
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
@@ -39,6 +41,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "progress": True,
         "device": "cpu",
         "debug_metrics": False,
+        "reproducible": False,
     },
     "data": {
         "dataset": "fashion_mnist",
@@ -124,6 +127,8 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     _check_int(problems, "run.eval_every", run["eval_every"], 1)
     if not isinstance(run["debug_metrics"], bool):
         problems.append(f"run.debug_metrics must be true or false, got {run['debug_metrics']!r}")
+    if not isinstance(run["reproducible"], bool):
+        problems.append(f"run.reproducible must be true or false, got {run['reproducible']!r}")
     _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
     for key in ("samples_per_node", "test_samples"):
         if data[key] is not None:

@@ -5,7 +5,8 @@ one SuperNode per push-sum node, one Flower round per segment of ``run.eval_ever
 shares exchanged peer to peer between Ray host actors, the network-average model evaluated by the
 server after every round.  It writes ``results.json`` in the runner's layout (history rows with
 ``k``, ``acc_avg``, ``test_loss_avg``, ``bits_total``; per-node privacy; ``config``; ``info``), so
-reports and sweeps treat both backends alike.  Same seed and config -> the same numbers on CPU.
+reports and sweeps treat both backends alike.  Same seed and config with ``[run] reproducible = true`` ->
+the same numbers on CPU (by default every node's noise comes from its own secret: fresh per run).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ Results name the dataset used (Fashion-MNIST is the offline stand-in for MNIST).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import secrets
@@ -46,7 +47,7 @@ from flower_dp.strategies.gau_lrq import GauLRQ
 
 __all__ = ["METHODS", "SIX_METHODS", "run_gau_lrq", "run_table", "resolve_method", "InProcessGrid", "train",
            "make_client_app", "new_model", "model_to_arrays", "arrays_to_model", "client_data", "local_train",
-           "evaluate", "evaluate_fn", "ensure_secret_file", "seed_for"]
+           "evaluate", "evaluate_fn", "ensure_secret_file", "new_secret_file", "seed_for"]
 
 #: name -> (strategy method, default tau).  Paper names, their short forms and the strategy's own codes.
 METHODS = {"gau-lrq": ("lrq", 1.0), "dynamic-gau-lrq": ("lrq", 0.9), "gau-sgd": ("gaussian", 1.0),
@@ -158,8 +159,31 @@ def evaluate_fn(dataset: str, n: int, model: str = "lenet"):
     return fn
 
 
+def new_secret_file(path: str | os.PathLike, secret: bytes | None = None) -> str:
+    """Write a fresh run secret (32 random bytes, or ``secret``; mode 0600) to ``path``, replacing any earlier
+    one (never reused unasked); returns the expanded path."""
+    p = Path(os.path.expanduser(str(path)))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + f".tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32) if secret is None else secret)
+    os.replace(tmp, p)
+    return str(p)
+
+
+def reproducible_secret(seed: int) -> bytes:
+    """The run secret of the seeded simulation mode (``reproducible=True``): a function of the public seed."""
+    return hashlib.sha256(b"flower_dp.gau_lrq.reproducible-secret\x00" + str(int(seed)).encode()).digest()
+
+
 def ensure_secret_file(path: str | os.PathLike) -> str:
-    """Create the run secret (32 random bytes, mode 0600) if missing; returns the expanded path."""
+    """Create the run secret (32 random bytes, mode 0600) if missing; returns the expanded path.
+
+    Reuses an existing file: use it only for a path the user named (e.g. the example app's
+    ``lrq-secret-file``); :func:`run_gau_lrq` writes a fresh secret per run (:func:`new_secret_file`).
+    A reused secret still gives fresh streams, because every run draws a fresh random nonce.
+    """
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -226,7 +250,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                 test_samples: int = 2000, seed: int = 0, out_dir: str | os.PathLike | None = None,
                 secret_file: str | os.PathLike | None = None, backend: str = "inprocess", resume: bool = False,
                 bq_bits: int = 4, num_cpus: int = 2, client_app: ClientApp | None = None,
-                round_timeout_s: float = 600.0) -> dict:
+                round_timeout_s: float = 600.0, secret: bytes | None = None, reproducible: bool = False) -> dict:
     """Run one Gau-LRQ / baseline experiment and return its results dict (also ``out_dir/results.json``).
 
     Parameters
@@ -252,19 +276,23 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     dataset, model : ``"fashion_mnist"`` (offline stand-in for MNIST), ``"mnist"``, ``"synthetic_*"``;
         ``"lenet"`` or another :mod:`flower_dp.models` name.
     seed : int
-        Initial model, client data and local minibatches.  The LRQ streams and the client sampling
-        are keyed by the run secret instead (see ``secret_file``).
+        Initial model, client data and local minibatches (public).  The client sampling, the LRQ
+        streams and the Gaussian noise are keyed by the run secret and a fresh random nonce instead.
     out_dir : path or None
-        Gets ``results.json`` and ``checkpoint.pt`` after every round (and ``lrq.secret`` when
-        ``secret_file`` is None: keep that file private; nothing else ever holds the secret).
-    secret_file : path or None
-        The run secret shared by server and clients; None: ``out_dir/lrq.secret`` (created, 0600),
-        or a fresh in-memory secret without ``out_dir``.  Same secret + seed + settings -> the
-        same numbers.
+        Gets ``results.json`` and ``checkpoint.pt`` after every round (and ``lrq.secret`` when no
+        secret is given: keep that file private; nothing else ever holds the secret).
+    secret_file, secret : path / bytes or None
+        An explicit run secret shared by server and clients (reused as asked; the run still draws a
+        fresh random nonce, so its streams are fresh).  Neither: a fresh secret per run (32 bytes of
+        OS entropy), written to ``out_dir/lrq.secret`` (0600, replacing an earlier one) for a later
+        resume, or kept in memory without ``out_dir``.
+    reproducible : bool
+        Seeded simulation mode: secret and nonce are derived from ``seed`` (the same numbers every run;
+        the guarantee holds only against parties that do not know the seed; ``results["noise"]`` says so).
     backend : ``"inprocess"`` or ``"simulation"`` (Flower ``run_simulation`` on Ray, loopback only).
     resume : bool
-        Continue the run checkpointed in ``out_dir`` (same settings and secret); ends with exactly
-        the numbers of an uninterrupted run.
+        Continue the run checkpointed in ``out_dir`` with its own secret (``out_dir/lrq.secret`` unless
+        one is passed) and nonce (from the checkpoint); ends with exactly the numbers of an uninterrupted run.
     client_app : ClientApp or None
         Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.
     round_timeout_s : float
@@ -301,9 +329,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         z = None
     if out_dir is not None:
         out_dir = ensure_writable_dir(out_dir)
-    if secret_file is None and out_dir is not None:
-        secret_file = ensure_secret_file(Path(out_dir) / "lrq.secret")
-    secret = None if secret_file is not None else secrets.token_bytes(32)
+    secret, secret_file, nonce = _run_secret(name, int(seed), out_dir, secret, secret_file, resume, reproducible)
     run_info = {"method": name, "paper_name": PAPER_TITLES[name], "dataset": dataset,
                 "dataset_note": "Fashion-MNIST, the offline stand-in for MNIST" if dataset == "fashion_mnist" else "",
                 "model": model, "local_steps": Q, "lr": lr, "per_class": per_class, "test_samples": test_samples,
@@ -312,8 +338,8 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                       epsilon=None if code == "none" else epsilon, delta=delta, method=code, tau=tau,
                       noise_multiplier=z, calibration=calibration, secret=secret,
                       secret_file=None if secret_file is None else str(secret_file), bq_bits=bq_bits,
-                      out_dir=out_dir, resume=resume, run_info=run_info,
-                      stream_nonce=f"{name}-seed-{int(seed)}")  # public; a new secret file per run for fresh streams
+                      out_dir=out_dir, resume=resume, run_info=run_info, reproducible=reproducible,
+                      stream_nonce=nonce)  # None: a fresh random nonce (resume: the checkpoint's)
     train_cfg = ConfigRecord({"dataset": dataset, "model": model, "per-class": int(per_class), "local-steps": Q,
                               "lr": float(lr), "seed": int(seed)})
     initial = model_to_arrays(new_model(model, int(seed), num_classes=num_classes(dataset)))
@@ -331,6 +357,29 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     out = strategy.results()
     out["wall_time_s"] = time.time() - t0
     return out
+
+
+def _run_secret(name: str, seed: int, out_dir: Path | None, secret: bytes | None, secret_file, resume: bool,
+                reproducible: bool) -> tuple[bytes | None, str | None, str | None]:
+    """``(secret, secret_file, stream_nonce)`` of one run (one of the first two is None; nonce None = fresh random)."""
+    if secret is not None and secret_file is not None:
+        raise ValueError("pass secret or secret_file, got both; give one of them")
+    if reproducible:
+        if secret is not None or secret_file is not None:
+            raise ValueError("reproducible=True derives the run secret from the seed, got an explicit secret too; "
+                             "drop secret/secret_file or reproducible")
+        return reproducible_secret(seed), None, f"{name}-seed-{seed}"
+    if secret is not None or secret_file is not None:  # the caller's secret, reused as asked
+        return secret, None if secret_file is None else str(secret_file), None
+    if resume:  # the checkpointed run's own secret
+        path = None if out_dir is None else Path(out_dir) / "lrq.secret"
+        if path is None or not path.is_file():
+            raise ValueError(f"resume=True needs the run secret of the checkpointed run, got no {path}; pass "
+                             "secret_file= (the file that run used)")
+        return None, str(path), None
+    if out_dir is not None:  # fresh, kept beside the checkpoint for a later resume
+        return None, new_secret_file(Path(out_dir) / "lrq.secret"), None
+    return secrets.token_bytes(32), None, None
 
 
 def _app_with_secret(secret: bytes) -> ClientApp:
@@ -386,12 +435,12 @@ def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, tra
 def run_table(out_dir: str | os.PathLike, *, methods=SIX_METHODS, **kwargs) -> dict:
     """Run every method in ``methods`` with the same settings; write ``table.json`` and ``table.md``.
 
-    ``kwargs`` go to :func:`run_gau_lrq` (one shared secret file for all methods).  With a
+    ``kwargs`` go to :func:`run_gau_lrq` (each method gets its own fresh secret and nonce, in
+    ``out_dir/<method>/lrq.secret``, unless ``secret_file`` / ``secret`` is passed).  With a
     ``noise_multiplier`` and no ``epsilon``, every private method runs at that z and Dynamic
     Gau-LRQ is calibrated to the same rigorous eps.  Returns ``{"setting": str, "rows": [...]}``.
     """
     out = ensure_writable_dir(out_dir)
-    kwargs.setdefault("secret_file", ensure_secret_file(out / "lrq.secret"))
     rows = []
     for m in methods:
         name = resolve_method(m)

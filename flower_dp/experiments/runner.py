@@ -3,7 +3,10 @@
 Every ``eval_every`` iterations (a *segment*) the runner evaluates the network-average
 model on the test set, appends a history row, writes ``results.json`` and
 ``history.csv`` and a checksummed checkpoint (atomically), so a crash loses at most one
-segment and ``resume=True`` continues with exactly the numbers of an uninterrupted run.
+segment and ``resume=True`` continues the run: with ``[run] reproducible = true`` it ends with exactly
+the numbers of an uninterrupted run; by default (secret mode) the restored nodes draw fresh secrets, so
+the rest of the run gets fresh, independent noise and batches (valid, but not the same numbers).
+``results.json`` says which in ``"noise"`` (:func:`flower_dp.rng.noise_record`).
 
 The privacy numbers in the results come from the algorithm's plan and nodes: per node,
 the rigorous eps of the noise actually added next to the paper formula's eps (the DPPS family,
@@ -26,6 +29,7 @@ from .. import results as rio
 from ..errors import CheckpointError, NonFiniteError
 from ..gossip import run_iteration
 from ..releases import node_is_private, node_metrics, release_fields
+from ..rng import noise_record
 from .config import ExperimentConfig
 
 __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params"]
@@ -130,6 +134,7 @@ def build_experiment(cfg: ExperimentConfig):
         num_iters=int(cfg.run["num_iters"]),
         dim=dim,
         seed=seed,
+        reproducible=bool(cfg.run.get("reproducible", False)),
     )
     topology = topology_for(plan, base_topology)  # DPPS family adds sync rounds, A(DP)2SGD its matchings
     check_strongly_connected(topology)  # e.g. DPPS's 1-Out (self-loops only) is connected by its sync rounds
@@ -207,8 +212,9 @@ def run_experiment(
         Where ``results.json``, ``history.csv`` and ``checkpoint.pt`` go (default ``cfg.run["out_dir"]``;
         ``None`` writes nothing).
     resume : bool
-        Continue from ``out_dir/checkpoint.pt`` (same config); the resumed run ends with the same
-        numbers as an uninterrupted one.
+        Continue from ``out_dir/checkpoint.pt`` (same config); with ``[run] reproducible = true`` the
+        resumed run ends with the same numbers as an uninterrupted one, in secret mode it continues
+        with fresh node secrets.
     progress : bool, optional
         Show a progress bar (default from the config; always quiet when stderr is not a terminal or ``CI`` is set).
     """
@@ -256,6 +262,7 @@ def run_experiment(
             "error": error,
             "config": cfg.to_dict(),
             "seed": cfg.run["seed"],
+            "noise": noise_record(plan.reproducible),
             "algorithm": cfg.algorithm["name"],
             "backend": "inprocess",
             "num_iters_requested": int(cfg.run["num_iters"]),

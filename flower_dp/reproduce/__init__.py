@@ -19,6 +19,7 @@ import os
 import shlex
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -79,6 +80,7 @@ def reproduce(
     seeds: int | None = None,
     command: str | None = None,
     log=print,
+    reproducible: bool = False,
 ) -> Reproduction:
     """Run (or resume) a paper's headline experiment and write its records, plots and report.
 
@@ -90,6 +92,10 @@ def reproduce(
     backend : "inprocess" (the reference runner) | "flower" (Flower simulation on Ray, same numbers)
     out : output folder (default ``runs/reproduce/<paper>-<table>-<scale>``)
     seeds : number of seeds (default: the paper's default for the scale; the papers averaged 5 runs)
+    reproducible : False (default): privacy noise and private sampling come from each node's own secret
+        (Gau-LRQ: a fresh run secret and nonce), as in a real deployment, so the reported eps holds against
+        everyone who reads the results.  True: the seeded simulation mode (the same numbers on every run
+        and backend; the guarantee holds only against parties that do not know the seed); the report says so.
     """
     p = get_paper(paper)
     table = table or p.default_table
@@ -104,19 +110,45 @@ def reproduce(
     os.environ.setdefault("FLOWER_DP_THREADS", "1")
     out_path = Path(out) if out is not None else Path("runs") / "reproduce" / f"{paper}-{table}-{scale}"
     out_path = rio.ensure_writable_dir(out_path)
-    specs = p.build_runs(scale, table, list(range(n_seeds)))
+    specs = [_with_noise_mode(s, reproducible) for s in p.build_runs(scale, table, list(range(n_seeds)))]
     cmd = command or ("flower-dp reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:])
                       if sys.argv and sys.argv[0].endswith("flower-dp") else
                       f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
-                      f"--seeds {n_seeds} --out {out_path}")
+                      f"--seeds {n_seeds} --out {out_path}" + (" --reproducible" if reproducible else ""))
     meta = {"threads": int(os.environ["FLOWER_DP_THREADS"]), "paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
-            "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions()}
+            "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions(),
+            "noise": "reproducible" if reproducible else "secret"}
     log(f"reproduce {paper} ({p.tables[table]}), scale {scale}, backend {backend}, {len(specs)} runs "
         f"({n_seeds} seed(s)) -> {out_path}")
     t0 = time.perf_counter()
     records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log)
     wall = time.perf_counter() - t0
     return _finish(p, meta, records, out_path, wall, log)
+
+
+def _with_noise_mode(spec: RunSpec, reproducible: bool) -> RunSpec:
+    """``spec`` with the noise mode set: ``[run] reproducible`` of a push-sum config; ``reproducible=True`` in
+    the keyword arguments of a paper runner (absent = secret, so earlier secret-keyed runs stay reusable)."""
+    cfg = dict(spec.config)
+    if spec.kind == "pushsum":
+        cfg["run"] = {**cfg.get("run", {}), "reproducible": bool(reproducible)}
+    elif reproducible:
+        cfg["reproducible"] = True
+    else:
+        cfg.pop("reproducible", None)
+    return dataclasses.replace(spec, config=cfg)
+
+
+def noise_label(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The report's line on where the privacy noise came from (issue 12: seeded noise is labelled)."""
+    modes = {str(r.get("noise_mode") or "reproducible") for r in records} or {str(meta.get("noise", "reproducible"))}
+    if modes == {"secret"}:
+        return ("Noise: **secret** - privacy noise and private sampling were drawn from per-node secrets (OS "
+                "entropy) that never left the nodes; the seed keyed only public randomness.")
+    return ("Noise: **reproducible (seeded simulation mode)** - privacy noise and private sampling were drawn from "
+            "streams keyed by the published seed" + (" in some runs" if "secret" in modes else "") + ": the eps "
+            "below holds only against parties that do not know the seed (`--reproducible`; runs recorded before "
+            "secret noise are labelled seeded).")
 
 
 def rerender(
@@ -246,6 +278,8 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "Accuracy is the test accuracy of the final network-average model (federated: the global model). "
         "`eps rigorous` is the PLD/RDP eps (dp-accounting) of the noise actually added, max over nodes; "
         "`eps paper` is what the paper's own formula claims for the same run.",
+        "",
+        noise_label(meta, records),
         "",
     ]
     notes = sorted({str(r["privacy_note"]) for r in records if r.get("eps_heuristic") is not None and r.get("privacy_note")})

@@ -72,13 +72,15 @@ def _cmd(args: argparse.Namespace) -> int:
             raise ValueError(f"--table {args.table!r} needs one paper, got 'all'; drop --table or name a paper")
         base = Path(args.out or Path("runs") / "reproduce" / args.scale)
         reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
+                          reproducible=args.reproducible,
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
-                                  f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else ""))
+                                  f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else "")
+                                  + (" --reproducible" if args.reproducible else ""))
                 for p in PAPERS]
         print(f"index: {write_index(base)}")
     else:
         reps = [reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
-                          seeds=args.seeds)]
+                          seeds=args.seeds, reproducible=args.reproducible)]
     for rep in reps:
         failed = [c for c in rep.claims if c.passed is False]
         print(f"{rep.paper}: {len(rep.claims) - len(failed)}/{len(rep.claims)} claims reproduced or not checkable; "
@@ -132,6 +134,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
     p.add_argument("--out", default=None, help="output folder (default runs/reproduce/PAPER-TABLE-SCALE)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default depends on the scale)")
+    p.add_argument("--reproducible", action="store_true",
+                   help="seeded simulation mode: privacy noise and private sampling keyed by the published seed (the "
+                        "same numbers on every run and backend; the guarantee holds only against parties that do "
+                        "not know the seed).  Default: each node's own secret from OS entropy")
     p.add_argument("--rerender", action="store_true",
                    help="re-render records/summary/claims/plots/report.md from --out's records.json without running "
                         "anything ('all': every reproduction folder under --out, then its README index)")

@@ -154,6 +154,7 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     doc = rio.read_json(run_dir / "results.json")
     if doc and doc.get("config"):  # a run from before [run] debug_metrics existed ran with it off
         doc["config"].setdefault("run", {}).setdefault("debug_metrics", False)
+        doc["config"]["run"].setdefault("reproducible", True)  # before secret noise every run was seeded
     if doc and doc.get("status") in _DONE and doc.get("config") == cfg.to_dict():
         doc["_reused"] = True
         return doc
@@ -265,6 +266,8 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "reused": bool(doc.get("_reused", False)),
         # debug_metrics runs (e.g. Dyn-D2P Fig. 1): training statistics the accountant did not charge are in the history
         "uncharged_statistics_released": bool(doc.get("uncharged_statistics_released", False)),
+        # where the privacy noise came from (flower_dp.rng.noise_record); a run from before secret noise was seeded
+        "noise_mode": (doc.get("noise") or {}).get("mode", "reproducible"),
     }
     rec.update(doc.get("extra_record", {}))
     rec["labels"] = dict(spec.labels)

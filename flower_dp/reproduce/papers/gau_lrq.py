@@ -119,7 +119,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     import torch
 
     from flower_dp.errors import CheckpointError
-    from flower_dp.experiments.gau_lrq import ensure_secret_file, run_gau_lrq
+    from flower_dp.experiments.gau_lrq import run_gau_lrq
 
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
 
@@ -131,15 +131,16 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
             return doc
     cfg = dict(spec.config)
     method = cfg.pop("method")
-    secret = ensure_secret_file(run_dir.parent / "lrq.secret")  # beside the runs, never in the report folder
-    resume = (run_dir / "checkpoint.pt").is_file()
+    # each run its own fresh secret (run_dir/lrq.secret, kept for a resume) and nonce; reproducible=True in the
+    # spec (flower-dp reproduce --reproducible): both derived from the seed, labelled in the results
+    resume = (run_dir / "checkpoint.pt").is_file() and (cfg.get("reproducible") or (run_dir / "lrq.secret").is_file())
     try:
-        res = run_gau_lrq(method, out_dir=run_dir, secret_file=secret, resume=resume,
+        res = run_gau_lrq(method, out_dir=run_dir, resume=resume,
                           backend="simulation" if backend == "flower" else "inprocess", **cfg)
     except CheckpointError:  # a checkpoint of other settings or another secret: start this run afresh
         if not resume:
             raise
-        res = run_gau_lrq(method, out_dir=run_dir, secret_file=secret, resume=False,
+        res = run_gau_lrq(method, out_dir=run_dir, resume=False,
                           backend="simulation" if backend == "flower" else "inprocess", **cfg)
     accs = res["accuracy_per_round"]
     bits = np.cumsum([0.0] + list(res["bits_per_round"]))
@@ -160,6 +161,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
         "privacy": {"per_node": [{**node, "eps_paper": eps_p, "delta": DELTA}]},
         "info": {"dataset": res["run"].get("dataset"), "synthetic_data": str(res["run"].get("dataset", "")).startswith("synthetic")},
         "backend": backend,
+        "noise": res.get("noise"),
         "wall_time_s": res["wall_time_s"],
         "extra_record": {"bytes_carried": float(res["total_bytes_carried"]),
                          "bits_per_coord": float(np.mean([r["bits_per_coord"] for r in res["rounds"]]))
