@@ -1,8 +1,10 @@
 """Gaussian and Laplace noise vectors drawn from an explicit ``torch.Generator``.
 
 STYLE.md 2.10: randomness is always passed in.  Derive the generator with
-``flower_dp.rng.torch_generator(seed, node, "noise", k)`` so every backend draws the same
-noise and nodes/iterations are independent (COMMON.md 5, invariant 8).
+``flower_dp.rng.torch_generator(key, node, "noise", k)``, ``key`` the node's private key
+(``node_secret(plan.reproducible, plan.seed)``: a secret from OS entropy, or the seed in the
+reproducible simulation mode, where every backend draws the same noise), so nodes/iterations are
+independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute the noise.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ def _check_gen(generator, device) -> None:
     if not isinstance(generator, torch.Generator):
         raise TypeError(
             f"generator must be a torch.Generator, got {type(generator).__name__}; "
-            "use flower_dp.rng.torch_generator(seed, node, 'noise', k)"
+            "use flower_dp.rng.torch_generator(key, node, 'noise', k) with key = node_secret(...)"
         )
     if torch.device(generator.device).type != torch.device(device).type:
         raise ValueError(
