@@ -203,6 +203,11 @@ class RayGossipBackend:
         GPU fraction each host asks Ray for (e.g. 0.25: four hosts share a GPU); node tensors
         are moved to it.  When the Ray cluster has no GPU, the request is dropped with a log
         line and the hosts use the CPU (Ray would otherwise never schedule them).
+    device : str, optional
+        Device of every host's nodes.  Default: ``"cuda"`` on a host with a GPU share where CUDA
+        is available, else ``"cpu"`` (an assigned GPU id alone never moves nodes to CUDA).
+        ``"cpu"`` keeps the nodes on the CPU even with a GPU share (the share then only places
+        the hosts, one per GPU node, and the results stay bit-identical to in-process).
     num_cpus_per_host : float
         CPUs each host reserves (default 0, so hosts always fit beside Flower's ClientApp pool).
     threads_per_host : int
@@ -228,6 +233,7 @@ class RayGossipBackend:
         num_hosts: int | None = None,
         num_gpus_per_host: float = 0.0,
         num_cpus_per_host: float = 0.0,
+        device: str | None = None,
         threads_per_host: int = 1,
         address: str | None = None,
         namespace: str = "flower_dp",
@@ -271,7 +277,7 @@ class RayGossipBackend:
             opts["lifetime"] = "detached"
         self.hosts = [
             cls.options(name=host_actor_name(self.name, h), **opts).remote(
-                h, self.placement, self.timeout_s, self.threads_per_host, self.num_gpus_per_host > 0
+                h, self.placement, self.timeout_s, self.threads_per_host, self.num_gpus_per_host > 0, device
             )
             for h in range(self.num_hosts)
         ]
@@ -280,6 +286,12 @@ class RayGossipBackend:
         self.devices = ray.get([a.get_device.remote() for a in self.hosts])
         if node_factory is not None:
             self.register_all(node_factory)
+
+    def host_info(self) -> list[dict[str, Any]]:
+        """Per host (in order): its Ray node id, the GPU ids Ray assigned it, its nodes' device, pid, node ids."""
+        import ray
+
+        return ray.get([a.info.remote() for a in self.hosts], timeout=max(120.0, self.timeout_s))
 
     # -- nodes ---------------------------------------------------------------------------
     def register(self, node_id: int, factory: NodeFactory, *, replace: bool = False) -> str:

@@ -45,7 +45,8 @@ class _Host:
     """Body of a host actor (wrapped with ``ray.remote`` lazily).  Threaded: ``deliver``
     runs while ``run_segment`` waits."""
 
-    def __init__(self, host_id: int, placement: dict[int, list[int]], timeout_s: float, threads: int, want_gpu: bool):
+    def __init__(self, host_id: int, placement: dict[int, list[int]], timeout_s: float, threads: int, want_gpu: bool,
+                 device: str | None = None):
         import torch
 
         torch.set_num_threads(max(1, int(threads)))
@@ -60,7 +61,9 @@ class _Host:
         # RNG are not thread-safe, and only ``deliver`` may run beside ``run_segment``
         self.node_lock = threading.RLock()
         self.device = "cpu"
-        if want_gpu:
+        if device is not None:  # the caller's choice (e.g. "cpu" on a GPU share used for placement only)
+            self.device = str(device)
+        elif want_gpu:
             if torch.cuda.is_available():
                 self.device = "cuda"
             else:
@@ -73,6 +76,16 @@ class _Host:
 
     def get_device(self) -> str:
         return self.device
+
+    def info(self) -> dict[str, Any]:
+        """Where this host runs: Ray node id, the GPU ids Ray assigned it, its nodes' device, pid."""
+        import os
+
+        import ray
+
+        return {"host": self.host_id, "ray_node_id": ray.get_runtime_context().get_node_id(),
+                "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": self.device, "pid": os.getpid(),
+                "nodes": list(self.placement[self.host_id])}
 
     def add_node(self, node_id: int, factory: NodeFactory, replace: bool = False) -> str:
         """Build node ``node_id`` here (no-op if it exists and not ``replace``); returns the device."""
