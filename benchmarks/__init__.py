@@ -6,13 +6,17 @@ shared machine absolute times are noisy; the ratios are what to compare.
 
 | key | figure | yardstick |
 |---|---|---|
-| ``private_step_ratio_{cnn,mlp}_b64`` | DP step with the fast (ghost) clipping path | non-private step |
+| ``private_step_ratio_{cnn,mlp}_b{32,64}`` | DP step with the fast (ghost) clipping path | non-private step |
+| ``private_step_ratio_{cnn,mlp}_b{32,64}_opacus_{hooks,ghost,functorch}`` | Opacus' DP step, each mode (null without Opacus) | non-private step, interleaved with ours |
 | ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
 | ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
 | ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
 | ``wire_ratio`` | bytes Flower ships for a Gau-LRQ round's uploads (real mod) | algorithmic bits / 8 |
 | ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale) | |
+| ``raylets_throughput_ratio`` | host-actor node-iterations/s on 2 raylets (``ray.cluster_utils.Cluster``) | the same on 1 raylet |
+
+``private_step_median_ratio_*`` are the same ratios by the median over repeats (the others: minimum).
 
 A benchmark whose code under test does not exist yet reports ``null`` with a ``missing`` note.
 """
@@ -28,7 +32,11 @@ from pathlib import Path
 __all__ = ["BENCHMARKS", "REQUIRED_KEYS", "run_suite", "format_table", "main"]
 
 #: Benchmarks in run order.
-BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale")
+BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale", "raylets")
+
+#: Opacus ``grad_sample_mode`` values timed beside our private step (benchmarks.private_step.OPACUS_MODES).
+OPACUS_MODES = ("hooks", "ghost", "functorch")
+PRIVATE_STEP_CASES = tuple(f"{m}_b{b}" for m in ("cnn", "mlp") for b in (32, 64))
 
 REQUIRED_KEYS = (
     "private_step_ratio_cnn_b64",
@@ -40,6 +48,8 @@ REQUIRED_KEYS = (
     "wire_ratio",
     "max_nodes_flower_cnn",
     "max_nodes_inprocess_mlp",
+    *(f"private_step_ratio_{c}_opacus_{mode}" for c in PRIVATE_STEP_CASES for mode in OPACUS_MODES),
+    "raylets_throughput_ratio",
     "machine",
     "versions",
 )
@@ -54,7 +64,7 @@ def _get(d, *path):
 
 
 def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
-    from . import accounting, engine, lrq_codec, private_step
+    from . import accounting, engine, lrq_codec, private_step, raylets
 
     fns = {
         "private_step": lambda: private_step.run(quick),
@@ -63,6 +73,7 @@ def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
         "lrq_codec": lambda: lrq_codec.run_codec(quick),
         "wire": lambda: lrq_codec.run_wire(quick),
         "scale": lambda: engine.run_scale(quick, skip_ray=skip_ray),
+        "raylets": lambda: raylets.run(quick, skip_ray=skip_ray),
     }
     t0 = time.perf_counter()
     try:
@@ -121,6 +132,9 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "wire_ratio": _get(details, "wire", "ratio"),
         "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
         "max_nodes_inprocess_mlp": _get(details, "scale", "max_nodes_inprocess_mlp"),
+        "raylets_throughput_ratio": _get(details, "raylets", "value"),
+        "raylets_median_throughput_ratio": _get(details, "raylets", "median_ratio"),
+        "raylets_node_iterations_per_s": {str(r): _get(details, "raylets", f"node_iterations_per_s_{r}") for r in (1, 2)},
         "machine": machine_info(),  # its load average is at the end of the run; load_avg_start below
         "load_avg_start": load_start,
         "versions": versions(),
@@ -132,6 +146,15 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "total_wall_s": None,
         "details": details,
     }
+    for case in PRIVATE_STEP_CASES:  # ours and Opacus' modes, by the minimum and by the median over repeats
+        doc.setdefault(f"private_step_ratio_{case}", _get(details, "private_step", "cases", case, "ratio_fast"))
+        doc[f"private_step_median_ratio_{case}"] = _get(details, "private_step", "cases", case, "median_ratio_fast")
+        for mode in OPACUS_MODES:
+            doc[f"private_step_ratio_{case}_opacus_{mode}"] = _get(details, "private_step", "cases", case,
+                                                                    f"ratio_opacus_{mode}")
+            doc[f"private_step_median_ratio_{case}_opacus_{mode}"] = _get(details, "private_step", "cases", case,
+                                                                           f"median_ratio_opacus_{mode}")
+    doc["opacus"] = _get(details, "private_step", "opacus")
     if quick:
         doc["accounting_seconds_quick"] = _get(details, "accounting", "seconds_bucketed")
     doc["total_wall_s"] = round(time.perf_counter() - t0, 1)
@@ -153,7 +176,14 @@ def format_table(doc: dict) -> str:
     for case, r in ps.items():
         rows.append((f"private step {case} fast/np", _fmt(r["ratio_fast"]),
                      f"np {r['nonprivate_ms']:.3g} ms, fast {r['dp_fast_ms']:.3g} ms, vmap {r['dp_vmap_ms']:.3g} ms "
-                     f"({r['ratio_vmap']:.3g}x)"))
+                     f"({r['ratio_vmap']:.3g}x); median {_fmt(r.get('median_ratio_fast'))}"))
+        if r.get("ratio_opacus_hooks") is None:
+            rows.append((f"  opacus {case}", "null", str(r.get("opacus"))))
+            continue
+        rows.append((f"  opacus {case} (min/median)", "", "; ".join(
+            f"{mode} {_fmt(r[f'ratio_opacus_{mode}'])}/{_fmt(r[f'median_ratio_opacus_{mode}'])}" for mode in OPACUS_MODES)
+            + f"; ours beside them {_fmt(r['ratio_fast_beside_opacus'])}/{_fmt(r['median_ratio_fast_beside_opacus'])}"
+            + f"; ours / best ({r['opacus_best_mode']}) {_fmt(r['median_ours_over_opacus_best'])}"))
     eo = _get(doc, "details", "engine_overhead") or {}
     rows.append(("engine overhead flower/inproc", _fmt(doc["engine_overhead_ratio"]),
                  eo.get("note") or f"Flower segment {eo.get('flower_segment_s')} s (start-up {eo.get('flower_startup_s')} s), "
@@ -179,6 +209,10 @@ def format_table(doc: dict) -> str:
     rows.append(("max nodes Ray CNN", _fmt(doc["max_nodes_flower_cnn"]),
                  json.dumps({k: (v.get("node_iterations_per_s") if isinstance(v, dict) else v)
                              for k, v in (sc.get("ray_cnn") or {}).items()})))
+    rl = _get(doc, "details", "raylets") or {}
+    rows.append(("Ray 2 raylets / 1 raylet", _fmt(doc.get("raylets_throughput_ratio")),
+                 rl.get("note") or f"node-it/s {rl.get('node_iterations_per_s_2')} vs {rl.get('node_iterations_per_s_1')} "
+                 f"(median ratio {rl.get('median_ratio')}); hosts on distinct Ray nodes: {rl.get('hosts_on_distinct_ray_nodes_2')}"))
     w = [max(len(str(r[i])) for r in rows) for i in range(2)]
     lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]}" for r in rows]
     lines.insert(1, "-" * len(lines[0]))
