@@ -4,6 +4,7 @@ Example::
 
     flower-dp audit --mechanism gaussian --trials 1000000 --delta 1e-5 --seed 0
     flower-dp audit --mechanism paper-gau-lrq-n5760 --trials 1000000 --seed 0 --json audit.json
+    flower-dp audit --mechanism privsgp_blocks --trials 1000000 --seed 0   # fixed blocks vs the old accounting
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ def _cmd(args: argparse.Namespace) -> int:
 
     params = {}
     if args.mechanism.startswith("paper-"):
-        if any(getattr(args, a) is not None for a in ("nu", "q", "adjacency", "steps")):
+        if any(getattr(args, a) is not None for a in ("nu", "q", "adjacency", "steps", "blocks", "block")):
             raise ValueError("--nu/--q/--adjacency/--steps are fixed by the paper's calibration for paper-* audits, "
                              f"got nu={args.nu}, q={args.q}, adjacency={args.adjacency}, steps={args.steps}; drop them")
         if args.noise is not None:
             params["noise"] = args.noise
     else:
-        for name in ("nu", "q", "adjacency", "steps"):
+        for name in ("nu", "q", "adjacency", "steps", "blocks", "block"):
             value = getattr(args, name)
             if value is not None:
                 if name not in MECHANISMS.get(args.mechanism, {}):
@@ -41,7 +42,9 @@ def _cmd(args: argparse.Namespace) -> int:
     print(f"eps lower bound  : {res.eps_lower:.4f}  (delta {res.delta:g}, confidence {res.confidence:g}; "
           f"point estimate {res.eps_point:.4f})")
     print(f"eps rigorous     : {res.eps_rigorous:.4f}  (PLD, the audited mechanism)")
-    if res.eps_paper is not None:
+    if res.eps_paper is not None and "claim" in res.params:
+        print(f"eps claimed      : {res.eps_paper:.4f}  ({res.params['claim']}, same noise)")
+    elif res.eps_paper is not None:
         print(f"eps paper        : {res.eps_paper:g}  (claimed for all {res.params['rounds']} rounds; rigorous "
               f"all rounds {res.params['eps_rigorous_all_rounds']:.4f})")
     print(f"verdict          : {res.verdict}")
@@ -69,9 +72,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, default=None, help="delta (default 1e-5, or the paper's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--nu", type=float, default=None, help="noise multiplier: std / sensitivity (default 1)")
+    p.add_argument("--nu", type=float, default=None, help="noise multiplier: std / sensitivity (default: the mechanism's, 1 or 1.5)")
     p.add_argument("--q", type=float, default=None, help="Poisson sampling rate (default 1)")
-    p.add_argument("--steps", type=int, default=None, help="gaussian only: noisy steps per trial (default 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="gaussian, privsgp_blocks: noisy steps per trial (default 1)")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="privsgp_blocks only: number of fixed blocks J/b (one drawn per step; default 2)")
+    p.add_argument("--block", type=int, default=None, help="privsgp_blocks only: records per block b (default 4)")
     p.add_argument("--adjacency", choices=["add_remove", "replace_one"], default=None, help="lrq only")
     p.add_argument("--noise", choices=["lrq", "gaussian"], default=None,
                    help="paper-* only: draw the noise by LRQ encode/decode (default) or plain Gaussian")

@@ -250,3 +250,58 @@ def test_million_trial_audits_are_tight_and_sound(mechanism):
 def test_million_trial_paper_audit_far_above_the_claim():
     res = run_audit("paper-gau-lrq-n5760", trials=1_000_000, seed=11)
     assert 2 * res.eps_paper < res.eps_lower <= res.eps_rigorous  # measured 5.5 vs claimed 2
+
+
+# ---------------------------------------------------------------------------- PrivSGP's fixed blocks (issue 12)
+def test_privsgp_block_scores_model_the_fixed_block_release():
+    """World 0 scores are the null LLR; in world 1 the canary's block (drawn with prob 1/blocks) shifts the
+    block mean by 2C/b: the replace-one sensitivity, twice the add/remove C/b the old accounting charged."""
+    rng = np.random.default_rng(0)
+    s0, s1 = audit.privsgp_block_scores(200_000, rng, nu=1e-3, blocks=4, block=5)  # almost no noise
+    # with nu -> 0 the LLR is +huge exactly when the canary's block is drawn (x = 1), else log(1 - p)
+    assert np.mean(s1 > 0) == pytest.approx(0.25, abs=0.005)
+    assert np.all(s0 < 0) and np.allclose(s0, math.log(0.75))
+
+
+def test_privsgp_blocks_audit_refutes_the_old_accounting():
+    """1e6 trials (~1 s): the measured lower bound on eps exceeds what the old accounting (Poisson q = b/J,
+    sensitivity G/b, add/remove) claimed for the same noise, and stays below the fixed-block accounting."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from independent_pld import Pair, eps_bracket
+
+    res = run_audit("privsgp_blocks", trials=1_000_000, seed=0)
+    p = res.params
+    assert (p["nu"], p["blocks"], p["block"], p["steps"]) == (1.5, 2, 4, 1)
+    old = audit.old_privsgp_epsilon(nu=1.5, blocks=2, steps=1, delta=1e-5)
+    assert res.eps_paper == old == pytest.approx(2.018, abs=0.01)
+    assert res.eps_lower > old + 1.0  # measured 3.46 vs 2.02
+    assert "CLAIM REFUTED" in res.verdict and "old accounting" in res.verdict
+    new = rigorous_epsilon([GaussianStep(0.5, 1.5, 1, "fixed_size", 2)], 1e-5, adjacency="replace_one")
+    assert res.eps_rigorous == pytest.approx(new, rel=1e-6)
+    lo, hi = eps_bracket([(Pair(0.5, 1.5, 2.0), 1)], 1e-5, h=1e-4)  # the independent path agrees
+    assert res.eps_lower <= lo <= res.eps_rigorous <= 1.01 * hi
+
+
+@pytest.mark.parametrize("kw", [{"nu": 3.0, "steps": 4}, {"nu": 2.0, "blocks": 3, "block": 2}])
+def test_privsgp_blocks_audit_several_steps_and_blocks(kw):
+    res = run_audit("privsgp_blocks", trials=1_000_000, seed=1, **kw)
+    assert res.eps_paper < res.eps_lower <= res.eps_rigorous  # measured 2.51 > 1.49; 2.15 > 1.03
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_privsgp_blocks_audit_is_sound(seed):
+    res = run_audit("privsgp_blocks", trials=100_000, seed=seed, nu=1.0, blocks=4)
+    assert res.eps_lower <= res.eps_rigorous
+
+
+def test_cli_privsgp_blocks(capsys):
+    args = _parser().parse_args(["audit", "--mechanism", "privsgp_blocks", "--trials", "200000", "--blocks", "2",
+                                 "--block", "4", "--nu", "1.5"])
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "eps claimed" in text and "old accounting" in text and "CLAIM REFUTED" in text
+    with pytest.raises(ValueError, match="--blocks does not apply"):
+        bad = _parser().parse_args(["audit", "--mechanism", "gaussian", "--blocks", "3"])
+        bad.func(bad)
