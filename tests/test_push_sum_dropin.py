@@ -7,7 +7,6 @@ Flower-on-Ray run ends with the node parameters of the in-process loop over the 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -37,7 +36,7 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
     from flower_dp.clients.push_sum_app import model_builder, plan_spec
 
     # Flower == in-process bit for bit needs the seeded simulation mode (the app's run config reproducible = true)
-    monkeypatch.setattr(server_app, "plan_spec", functools.partial(plan_spec, reproducible=True))
+    monkeypatch.setattr(server_app, "plan_spec", lambda *a, **kw: plan_spec(*a, **{**kw, "reproducible": True}))
     run_simulation(server_app=server_app.app, client_app=client_app.app, num_supernodes=NUM_PARTITIONS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"_node_ip_address": "127.0.0.1"}})
