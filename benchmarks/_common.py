@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import random
 import resource
 import statistics
 import sys
@@ -23,7 +24,8 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warm
     return {k: statistics.median(v) for k, v in interleaved_times(fns, repeats, warmup).items()}
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, list[float]]:
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
+                      shuffle_seed: int | None = None) -> dict[str, list[float]]:
     """Wall times (seconds) of each zero-argument callable, timed in round-robin order.
 
     Parameters
@@ -34,6 +36,10 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup
         Timed calls per callable; each round calls every callable once, in order.
     warmup : int
         Untimed rounds first (allocator, lazy init, caches).
+    shuffle_seed : int, optional
+        Call the callables of each timed round in a fresh random order (seeded): then no callable
+        always runs right after the same one (one that leaves the caches cold, e.g. a step that
+        materializes per-sample gradients, would otherwise always slow down the same successor).
 
     Returns
     -------
@@ -44,8 +50,13 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int, warmup
         for fn in fns.values():
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
+    order = list(fns)
+    rng = None if shuffle_seed is None else random.Random(shuffle_seed)
     for _ in range(repeats):
-        for name, fn in fns.items():
+        if rng is not None:
+            rng.shuffle(order)
+        for name in order:
+            fn = fns[name]
             t0 = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t0)

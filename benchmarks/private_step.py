@@ -172,7 +172,9 @@ def _opacus_case(model_name: str, batch: int, steps: dict, repeats: int, short: 
     with warnings.catch_warnings():
         # "Full backward hook is firing ... no inputs require gradients": Opacus' hooks on the first layer
         warnings.simplefilter("ignore", UserWarning)
-        times = interleaved_times(fns, repeats=reps)
+        # random order in every round: hooks/functorch leave the caches cold (B x d per-sample gradients),
+        # so a fixed order would always slow down the same successor
+        times = interleaved_times(fns, repeats=reps, shuffle_seed=0)
     mins = {k: min(v) for k, v in times.items()}
     meds = {k: statistics.median(v) for k, v in times.items()}
     res: dict = {"opacus": version, "opacus_repeats": reps,
