@@ -30,7 +30,8 @@ def main() -> None:
     from flower_dp.experiments.cli_run import builtin_config_path
 
     cfg = load_config(builtin_config_path("quickstart"), {"run.num_iters": args.iters, "run.eval_every": args.per_round,
-                                                          "run.progress": False, "run.checkpoint": False})
+                                                          "run.progress": False, "run.checkpoint": False,
+                                                          "run.reproducible": True})  # same_accuracy: seeded mode
     torch.set_num_threads(1)  # the host actors use one thread each
     from flower_dp.clients.push_sum_app import spec_from_config
 
