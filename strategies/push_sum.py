@@ -26,7 +26,9 @@ strategy logs the round, the segment and the nodes lost, starts new host actors,
 ClientApps register their nodes again, restores every node from the last checkpoint and
 reruns the segment: with a reproducible plan (``prepare(..., reproducible=True)``) the run ends with the
 numbers of an uninterrupted one; by default every restored node draws a fresh secret (its noise and
-batches after the restore are fresh and independent; :mod:`flower_dp.rng`).  After
+batches after the restore are fresh and independent; :mod:`flower_dp.rng`).  Known gap of the secret
+mode: the steps of the failed segment that went out before the failure are sent again with fresh noise,
+and the restored accountants charge them once (reproducible mode resends identical messages).  After
 ``max_retries`` such restarts in one segment it stops cleanly (results so far saved) with a
 :class:`~flower_dp.gossip.NodeFailureError`.  ``resume=True`` continues a stopped run from
 ``out_dir/checkpoint.pt``; a corrupted checkpoint is refused (checksum), never loaded.
