@@ -136,7 +136,7 @@ def _lrq_round(N: int, B: int, d_model: str = "lenet"):
     model = build_model(d_model)
     arrays = ArrayRecord({k: Array(v.detach().numpy().copy()) for k, v in model.state_dict().items()})
     msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), _Grid()))
-    mod = make_gau_lrq_mod(secret=secret)
+    mod = make_gau_lrq_mod(secret=secret, debug_metrics=True)  # bits_fixed: a local measurement, never released
     replies = []
     for m in msgs:
         ctx = Context(run_id=1, node_id=m.metadata.dst_node_id, node_config={"partition-id": m.metadata.dst_node_id - 100},
@@ -154,7 +154,7 @@ def run_wire(quick: bool = False) -> dict:
         from flwr.supercore.task_identity import TaskIdentity
 
         from flower_dp.clients.lrq_mod import META_KEY, PAYLOAD_KEY
-        from flower_dp.strategies.baselines import payload_bytes
+        from flower_dp.mechanisms.gau_lrq_codec import payload_bytes
     except ImportError as exc:
         return missing("flwr serde / flower_dp.strategies.gau_lrq / flower_dp.clients.lrq_mod", exc)
     N, B = (40, 4) if quick else (1920, 80)

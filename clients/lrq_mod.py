@@ -37,11 +37,9 @@ set-up every client can derive every other client's key; in a deployment provisi
 
 from __future__ import annotations
 
-import hashlib
 import os
 from logging import WARNING
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord
@@ -50,65 +48,28 @@ from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 
 from flower_dp.mechanisms.lrq import lrq_key
-from flower_dp.strategies.baselines import RoundSpec, encode_update
+from flower_dp.mechanisms.gau_lrq_codec import (  # the wire format lives in the core; re-exported here
+    KEYS,
+    META_KEY,
+    PARTITION_META,
+    PAYLOAD_KEY,
+    RELEASED_STATS,
+    SECRET_ENV,
+    SECRET_RUN_CONFIG,
+    encode_update,
+    load_secret,
+    run_key,
+    spec_from_config,
+)
 
 __all__ = ["run_key", "gau_lrq_mod", "make_gau_lrq_mod", "make_lrq_client_app", "load_secret", "KEYS",
            "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META"]
 
-#: ConfigRecord keys the server sends (public values only).
-KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
-        "clip": "gau-lrq.clip", "bq_bits": "gau-lrq.bq-bits", "layer_dtype": "gau-lrq.layer-dtype",
-        "nonce": "gau-lrq.stream-nonce"}
-PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
-META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
-SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
-SECRET_RUN_CONFIG = "lrq-secret-file"
-#: encode_update stats that are functions of the sent message (post-processing): sent in META_KEY as "gau-lrq.<name>"
-RELEASED_STATS = ("bits_algorithmic", "bits_entropy")
-#: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
-PARTITION_META = "gau-lrq.partition-id"
 _MOD = "gau_lrq_mod"
-
-
-def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
-                context: Context | None = None) -> bytes:
-    """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config or the env var.
-
-    Raises ``ValueError`` naming the sources tried (never their content).
-    """
-    if secret is not None:
-        if not isinstance(secret, bytes) or len(secret) < 16:
-            raise ValueError(f"secret must be bytes of length >= 16, got {type(secret).__name__} of length "
-                             f"{len(secret) if isinstance(secret, (bytes, str)) else '?'}; use secrets.token_bytes(32)")
-        return secret
-    path = secret_file
-    if path is None and context is not None:
-        path = context.run_config.get(SECRET_RUN_CONFIG) or None
-    if path is None:
-        path = os.environ.get(SECRET_ENV) or None
-    if path is None:
-        raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
-                         f"{SECRET_ENV}; write secrets.token_bytes(32) to a file readable by server and clients "
-                         "and point one of them at it")
-    data = Path(os.path.expanduser(str(path))).read_bytes()
-    if len(data) < 16:
-        raise ValueError(f"the LRQ secret file {path} must hold >= 16 bytes, got {len(data)}")
-    return data
-
-
-def run_key(secret: bytes, nonce: str) -> bytes:
-    """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
-    return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
 
 
 def _err(msg: Message, reason: str) -> Message:
     return Message(Error(code=ErrorCode.MOD_FAILED_PRECONDITION, reason=f"{_MOD}: {reason}"), reply_to=msg)
-
-
-def _spec_from(cfg) -> RoundSpec:
-    return RoundSpec(method=str(cfg[KEYS["method"]]), round_k=int(cfg[KEYS["round"]]), sigma=float(cfg[KEYS["sigma"]]),
-                     clip=float(cfg[KEYS["clip"]]), bq_bits=int(cfg.get(KEYS["bq_bits"], 4)),
-                     layer_dtype=str(cfg.get(KEYS["layer_dtype"], "float64")))
 
 
 def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: bytes | None = None,
@@ -135,7 +96,7 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
             return _err(msg, f"requires node_config['partition-id'] (keys the client's stream), got keys "
                         f"{sorted(ctx.node_config)}; set it in the SuperNode's --node-config")
         try:
-            spec = _spec_from(cfg)
+            spec = spec_from_config(cfg)
             rk = run_key(load_secret(secret, secret_file, ctx), str(cfg[KEYS["nonce"]]))
             key = lrq_key(rk, spec.round_k, int(ctx.node_config["partition-id"]))
         except (ValueError, TypeError, OSError) as exc:

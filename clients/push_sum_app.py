@@ -224,7 +224,7 @@ def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan
     :func:`flower_dp.experiments.build_experiment`), builds the model, calls ``make_node``.
     """
     from flower_dp.clients.registry import make_node, topology_for
-    from flower_dp.experiments.runner import _loss_fn
+    from flower_dp.models import cross_entropy_loss as _loss_fn
     from flower_dp.topology import check_strongly_connected, make_topology
 
     train, parts = _partitions(config)
@@ -245,7 +245,7 @@ def build_plan_node(node_id: int, device: str = "cpu", *, plan: Any, topology: A
     the loss defaults to cross-entropy, as in the in-process runner.
     """
     from flower_dp.clients.registry import make_node
-    from flower_dp.experiments.runner import _loss_fn
+    from flower_dp.models import cross_entropy_loss as _loss_fn
 
     x, y = data[node_id]
     return make_node(plan, node_id=node_id, topology=topology, model=model_fn(), loss_fn=loss_fn or _loss_fn,
@@ -331,7 +331,7 @@ def _relay_device(spec: dict) -> str:
     want = str(spec.get("device", "cpu"))
     if want == "cpu":
         return want
-    from flower_dp.experiments.runner import resolve_device
+    from flower_dp.models import resolve_device
 
     return resolve_device(want)
 

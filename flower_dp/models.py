@@ -23,12 +23,30 @@ Initialisation is deterministic from ``seed`` and leaves the global torch RNG un
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
 from ._checks import check_choice, check_int
 
-__all__ = ["build_model", "count_parameters", "shared_parameter_names", "model_name_of", "MODELS", "PartPSPMLP"]
+__all__ = ["build_model", "count_parameters", "shared_parameter_names", "model_name_of", "MODELS", "PartPSPMLP",
+           "cross_entropy_loss", "resolve_device"]
+
+
+def cross_entropy_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The classification loss every experiment uses (mean cross-entropy); picklable, so Ray/relay nodes can share it."""
+    return torch.nn.functional.cross_entropy(logits, y)
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU falls back to CPU with a log line."""
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        print(f"flower-dp: run.device={name!r} but no GPU is visible; running on the CPU", file=sys.stderr)
+        return "cpu"
+    return name
 
 
 class ShallowCNN(nn.Module):

@@ -4,18 +4,14 @@
   (``method=``), server-side LRQ decoding and client-level accounting.
 - :class:`PushSumStrategy` — coordinates push-sum runs (one Flower round = one gossip segment).
 
-Names are resolved lazily (``flower_dp.clients.lrq_mod`` imports ``strategies.baselines``, and
-``strategies.gau_lrq`` imports the mod: an eager import here would be circular).
+Strategies import only the core (``flower_dp`` minus the application modules), never
+``flower_dp.clients``: the Gau-LRQ wire format and codec both sides share live in
+:mod:`flower_dp.mechanisms.gau_lrq_codec`.
 """
 
-from importlib import import_module
+from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
+
+from .gau_lrq import GauLRQ
+from .push_sum import PushSumStrategy
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "PushSumStrategy"]
-
-_WHERE = {"PushSumStrategy": ".push_sum"} | {n: ".gau_lrq" for n in __all__ if n != "PushSumStrategy"}
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        return getattr(import_module(_WHERE[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ S2                  L2 clip of one update         ``clip``
 sigma_k             per-client std per coord.     ``sigma_k = z_k S2 / sqrt(B)`` (§5.3)
 z_k                 noise multiplier on the SUM   :attr:`GauLRQ.z`
 tau                 decay (Dynamic, §6)           ``tau`` (1 = fixed scheme)
-hat-Delta^(i)       decoded update (Eq. 12)       :func:`flower_dp.strategies.baselines.decode_update`
+hat-Delta^(i)       decoded update (Eq. 12)       :func:`flower_dp.mechanisms.gau_lrq_codec.decode_update`
 ==================  ============================  ============================================
 
 Why a FedAvg subclass: it reuses FedAvg's evaluation (``fraction_evaluate``/``min_evaluate_nodes``),
@@ -62,10 +62,10 @@ from flower_dp._checks import check_choice, check_delta, check_epsilon, check_in
 from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
-from flower_dp.clients.lrq_mod import KEYS, META_KEY, PARTITION_META, PAYLOAD_KEY, load_secret, run_key
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.rng import noise_record
-from flower_dp.strategies.baselines import METHODS, PAPER_NAMES, RoundSpec, decode_update, payload_bytes
+from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
+                                                RoundSpec, decode_update, load_secret, payload_bytes, run_key)
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes", "BQ_PRIVACY_NOTE"]
 

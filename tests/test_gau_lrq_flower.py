@@ -19,7 +19,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
-from flower_dp.strategies.baselines import clip_update, client_level_epsilon
+from flower_dp.mechanisms.gau_lrq_codec import clip_update
+from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 N, B, FEAT, CLS, Q, LR, CLIP = 20, 5, 100, 10, 5, 0.5, 0.5

@@ -22,7 +22,7 @@ from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.errors import CheckpointError, DecodeError
 from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, resolve_method,
                                            run_gau_lrq, train)
-from flower_dp.strategies.baselines import client_level_epsilon
+from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 SECRET = b"0123456789abcdef-reliability"

@@ -19,9 +19,9 @@ from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, make_gau_lrq_
 from flower_dp.errors import BudgetExceededError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.privacy import GaussianStep, paper, rigorous_epsilon
-from flower_dp.strategies.baselines import (
-    METHODS, RoundSpec, bq_levels, clip_update, client_level_epsilon, decode_update, encode_update, gau_lrq_schedule,
-    pack_ints, unpack_ints)
+from flower_dp.mechanisms.gau_lrq_codec import (
+    METHODS, RoundSpec, bq_levels, clip_update, decode_update, encode_update, pack_ints, unpack_ints)
+from flower_dp.privacy.gau_lrq import client_level_epsilon, gau_lrq_schedule
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 SECRET = b"0123456789abcdef-test-secret"

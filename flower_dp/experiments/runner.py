@@ -28,6 +28,7 @@ import torch
 from .. import results as rio
 from ..errors import CheckpointError, NonFiniteError
 from ..gossip import run_iteration
+from ..models import cross_entropy_loss, resolve_device
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
 from .config import ExperimentConfig
@@ -61,8 +62,7 @@ class RunResult:
         return max(vals) if vals else None
 
 
-def _loss_fn(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits, y)
+_loss_fn = cross_entropy_loss  # the name earlier code imported
 
 
 @torch.no_grad()
@@ -83,16 +83,6 @@ def evaluate_params(model: torch.nn.Module, flat: torch.Tensor, x: torch.Tensor,
 
 def _to_device(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str):
     return model.to(device), x.to(device), y.to(device)
-
-
-def resolve_device(name: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU falls back to CPU with a log line."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        print(f"flower-dp: run.device={name!r} but no GPU is visible; running on the CPU", file=sys.stderr)
-        return "cpu"
-    return name
 
 
 def build_experiment(cfg: ExperimentConfig):
@@ -233,6 +223,8 @@ def run_experiment(
         if out_path is None:
             raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
         ckpt = rio.load_checkpoint(out_path)
+        if isinstance((ckpt.get("config") or {}).get("run"), dict):  # before [run] reproducible every run was seeded
+            ckpt["config"]["run"].setdefault("reproducible", True)
         if ckpt.get("config") != cfg.to_dict():
             raise CheckpointError(
                 f"the checkpoint in {str(out_path)!r} was written by a different config; "

@@ -1,6 +1,9 @@
-"""Update codecs for Gau-LRQ and its baselines (what a client sends, how the server reads it).
+"""Gau-LRQ's wire format and update codecs (what a client sends, how the server reads it).
 
-The client-level accountant lives in :mod:`flower_dp.privacy.gau_lrq` (re-exported here).
+The core half of Gau-LRQ, shared by the client mod (:mod:`flower_dp.clients.lrq_mod`) and the server
+strategy (:mod:`flower_dp.strategies.gau_lrq`), which never import each other.  No Flower import:
+the keys below name the ConfigRecord / ArrayRecord entries, the functions work on numpy arrays.
+The client-level accountant lives in :mod:`flower_dp.privacy.gau_lrq`.
 
 Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1), §7 (baselines), §12 (bits).  Pure numpy, no Flower:
 both :mod:`flower_dp.clients.lrq_mod` (client side) and :mod:`flower_dp.strategies.gau_lrq`
@@ -26,18 +29,76 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import DecodeError
 from flower_dp.mechanisms import lrq
-from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule  # noqa: F401 (re-export)
 
 __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
-           "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "Schedule", "client_level_epsilon",
-           "gau_lrq_schedule"]
+           "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "KEYS", "PAYLOAD_KEY", "META_KEY",
+           "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META", "load_secret", "run_key",
+           "spec_from_config"]
+
+# ---------------------------------------------------------------------------------------------
+# Wire format: the record keys both sides use, the run secret and the per-run key
+# ---------------------------------------------------------------------------------------------
+#: ConfigRecord keys the server sends (public values only).
+KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
+        "clip": "gau-lrq.clip", "bq_bits": "gau-lrq.bq-bits", "layer_dtype": "gau-lrq.layer-dtype",
+        "nonce": "gau-lrq.stream-nonce"}
+PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
+META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
+SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
+SECRET_RUN_CONFIG = "lrq-secret-file"
+#: encode_update stats that are functions of the sent message (post-processing): sent in META_KEY as "gau-lrq.<name>"
+RELEASED_STATS = ("bits_algorithmic", "bits_entropy")
+#: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
+PARTITION_META = "gau-lrq.partition-id"
+
+
+def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
+                context: Any = None) -> bytes:
+    """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config of ``context`` (a Flower
+    Context) or the env var.
+
+    Raises ``ValueError`` naming the sources tried (never their content).
+    """
+    if secret is not None:
+        if not isinstance(secret, bytes) or len(secret) < 16:
+            raise ValueError(f"secret must be bytes of length >= 16, got {type(secret).__name__} of length "
+                             f"{len(secret) if isinstance(secret, (bytes, str)) else '?'}; use secrets.token_bytes(32)")
+        return secret
+    path = secret_file
+    if path is None and context is not None:
+        path = context.run_config.get(SECRET_RUN_CONFIG) or None
+    if path is None:
+        path = os.environ.get(SECRET_ENV) or None
+    if path is None:
+        raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
+                         f"{SECRET_ENV}; write secrets.token_bytes(32) to a file readable by server and clients "
+                         "and point one of them at it")
+    data = Path(os.path.expanduser(str(path))).read_bytes()
+    if len(data) < 16:
+        raise ValueError(f"the LRQ secret file {path} must hold >= 16 bytes, got {len(data)}")
+    return data
+
+
+def run_key(secret: bytes, nonce: str) -> bytes:
+    """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
+    return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
+
+
+def spec_from_config(cfg) -> "RoundSpec":
+    """The round's :class:`RoundSpec` from the server's ConfigRecord (a mapping with :data:`KEYS`)."""
+    return RoundSpec(method=str(cfg[KEYS["method"]]), round_k=int(cfg[KEYS["round"]]), sigma=float(cfg[KEYS["sigma"]]),
+                     clip=float(cfg[KEYS["clip"]]), bq_bits=int(cfg.get(KEYS["bq_bits"], 4)),
+                     layer_dtype=str(cfg.get(KEYS["layer_dtype"], "float64")))
 
 METHODS = ("lrq", "gaussian", "qg", "bq", "none")
 PAPER_NAMES = {"lrq": "Gau-LRQ-SGD", "gaussian": "Gau-SGD", "qg": "QG-SGD", "bq": "BQ-SGD", "none": "Local SGD"}
