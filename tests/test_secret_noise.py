@@ -305,3 +305,20 @@ def test_gau_lrq_resume_reuses_the_checkpointed_runs_own_secret(tmp_path):
     assert (tmp_path / "lrq.secret").read_bytes() == secret and res["config"]["stream_nonce"] == ck_nonce
     with pytest.raises(ValueError, match="run secret"):
         run_gau_lrq("gau-lrq", out_dir=tmp_path / "empty", resume=True, **small)
+
+
+def test_a_checkpoint_from_before_the_switch_resumes_only_in_the_seeded_mode(tmp_path, monkeypatch):
+    """Runs checkpointed before [run] reproducible existed were seeded: --reproducible resumes them, secret refuses."""
+    from flower_dp import results as rio
+    from flower_dp.errors import CheckpointError
+
+    run_experiment(_cfg(reproducible=True), out_dir=tmp_path)
+    ck = rio.load_checkpoint(tmp_path)
+    del ck["config"]["run"]["reproducible"]
+    rio.save_checkpoint(tmp_path, ck)
+    assert run_experiment(_cfg(reproducible=True), out_dir=tmp_path, resume=True).status == "finished"
+    ck = rio.load_checkpoint(tmp_path)
+    ck["config"]["run"].pop("reproducible", None)
+    rio.save_checkpoint(tmp_path, ck)
+    with pytest.raises(CheckpointError, match="different config"):
+        run_experiment(_cfg(), out_dir=tmp_path, resume=True)
