@@ -86,13 +86,15 @@ class NodeKey:
         self._value, self.reproducible = state
 
     def to_bytes(self) -> bytes:
-        """The key as 32 bytes, for node-local storage only (a relay node's ``context.state``)."""
-        return self._value.to_bytes(32, "big", signed=False) + bytes([self.reproducible])
+        """The key as bytes (value, then the mode flag), for node-local storage only (a relay node's ``context.state``)."""
+        n = max(32, (self._value.bit_length() + 7) // 8)
+        return self._value.to_bytes(n, "big", signed=False) + bytes([self.reproducible])
 
     @classmethod
     def from_bytes(cls, data: bytes) -> NodeKey:
         """Inverse of :meth:`to_bytes`."""
-        return cls(int.from_bytes(bytes(data[:32]), "big"), bool(data[32]))
+        data = bytes(data)
+        return cls(int.from_bytes(data[:-1], "big"), bool(data[-1]))
 
 
 def node_secret(reproducible: bool, seed: int) -> NodeKey:
