@@ -26,9 +26,10 @@ strategy logs the round, the segment and the nodes lost, starts new host actors,
 ClientApps register their nodes again, restores every node from the last checkpoint and
 reruns the segment: with a reproducible plan (``prepare(..., reproducible=True)``) the run ends with the
 numbers of an uninterrupted one; by default every restored node draws a fresh secret (its noise and
-batches after the restore are fresh and independent; :mod:`flower_dp.rng`).  Known gap of the secret
-mode: the steps of the failed segment that went out before the failure are sent again with fresh noise,
-and the restored accountants charge them once (reproducible mode resends identical messages).  After
+batches after the restore are fresh and independent; :mod:`flower_dp.rng`).  In secret mode the steps of
+the failed segment may have gone out before the failure and are sent again with fresh noise, so the
+restored accountants charge that whole segment once more (:func:`flower_dp.privacy.charge_replay`; a run
+whose budget cannot cover it stops cleanly); reproducible mode resends identical messages.  After
 ``max_retries`` such restarts in one segment it stops cleanly (results so far saved) with a
 :class:`~flower_dp.gossip.NodeFailureError`.  ``resume=True`` continues a stopped run from
 ``out_dir/checkpoint.pt``; a corrupted checkpoint is refused (checksum), never loaded.
@@ -54,6 +55,7 @@ from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
+from flower_dp.privacy.budget import charge_replay
 from flower_dp.gossip.relay import decode, encode
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
@@ -289,7 +291,12 @@ class PushSumStrategy(Strategy):
                                   f"restored at k={k0}; got a stale file, start a new out_dir")
         self.history = list(ck["history"])
         self.bits = np.asarray(ck["bits"], dtype=np.int64)
-        return {i: st for i, st in enumerate(ck["nodes"])}
+        states = {i: st for i, st in enumerate(ck["nodes"])}
+        plan = self.spec.get("plan")
+        if plan is not None and hasattr(plan, "steps"):  # secret mode: the lost segment's steps are charged again
+            k1 = min(self.num_iters, k0 + self.iters_per_round)
+            states = {i: charge_replay(st, plan, i, k0, k1) for i, st in states.items()}
+        return states
 
     def _ray_segment_with_retries(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
         for attempt in range(self.max_retries + 1):

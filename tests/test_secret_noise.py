@@ -322,3 +322,31 @@ def test_a_checkpoint_from_before_the_switch_resumes_only_in_the_seeded_mode(tmp
     rio.save_checkpoint(tmp_path, ck)
     with pytest.raises(CheckpointError, match="different config"):
         run_experiment(_cfg(), out_dir=tmp_path, resume=True)
+
+
+def test_secret_mode_restore_charges_the_replayed_segment_again():
+    """Issue 12: a node restored at k0 in secret mode resends the lost segment's steps with fresh noise, so its
+    ledger charges [k0, k1) a second time; reproducible mode resends identical messages and charges nothing more;
+    a budget that cannot cover the rest of the run stops it with BudgetExceededError."""
+    from flower_dp.clients.registry import prepare
+    from flower_dp.errors import BudgetExceededError
+    from flower_dp.privacy import NodeAccountant, charge_replay, rigorous_epsilon
+
+    params = {"epsilon": 2.0, "delta": 1e-5, "batch_size": 8, "lr": 0.1}
+    kw = dict(n_nodes=2, samples_per_node=[80, 80], num_iters=20, dim=10, seed=0)
+    plan = prepare("dp2_sgd", params, **kw)
+    acc = NodeAccountant(plan.accountant, plan.adjacency)
+    for s in plan.steps(0, 0, 10):
+        acc.charge(s)
+    state = {"accountant": acc.state_dict(), "x": None}
+    out = charge_replay(state, plan, 0, 10, 15)
+    again = NodeAccountant(plan.accountant, plan.adjacency)
+    again.load_state_dict(out["accountant"])
+    assert again.steps_charged == 15
+    assert again.epsilon(plan.delta) == pytest.approx(rigorous_epsilon(plan.steps(0, 0, 15), plan.delta,
+                                                                        accountant=plan.accountant), rel=1e-9)
+    seeded = prepare("dp2_sgd", params, reproducible=True, **kw)
+    assert charge_replay(state, seeded, 0, 10, 15) is state
+    tight = prepare("dp2_sgd", {**params, "budget_epsilon": 2.0}, **kw)
+    with pytest.raises(BudgetExceededError, match="budget_epsilon"):
+        charge_replay(state, tight, 0, 10, 15)

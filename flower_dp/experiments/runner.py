@@ -28,6 +28,7 @@ import torch
 from .. import results as rio
 from ..errors import CheckpointError, NonFiniteError
 from ..gossip import run_iteration
+from ..privacy.budget import charge_replay
 from ..models import cross_entropy_loss, resolve_device
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
@@ -230,9 +231,12 @@ def run_experiment(
                 f"the checkpoint in {str(out_path)!r} was written by a different config; "
                 "resume with the same config or use a new --out folder"
             )
+        k_start = int(ckpt["k"])
         for node, state in zip(nodes, ckpt["nodes"]):
+            if hasattr(node, "plan"):  # secret mode: the segment the stopped run may have sent is charged again
+                state = charge_replay(state, node.plan, node.node_id, k_start, min(K, k_start + eval_every))
             node.load_state_dict(state)
-        history, bits, k_start = ckpt["history"], np.asarray(ckpt["bits"], dtype=np.int64), int(ckpt["k"])
+        history, bits = ckpt["history"], np.asarray(ckpt["bits"], dtype=np.int64)
         train_cpu = float(ckpt.get("train_cpu_s", 0.0))
     else:
         for node in nodes:

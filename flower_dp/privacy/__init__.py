@@ -17,7 +17,7 @@ from .accountant import (
     rigorous_delta,
     rigorous_epsilon,
 )
-from .budget import UNITS, BudgetTracker, PrivacyBudget, max_steps
+from .budget import UNITS, BudgetTracker, PrivacyBudget, charge_replay, max_steps
 from .calibration import (
     CALIBRATIONS,
     DynD2PSchedule,
@@ -63,6 +63,7 @@ __all__ = [
     "rigorous_epsilon",
     "PrivacyBudget",
     "BudgetTracker",
+    "charge_replay",
     "max_steps",
     "calibrate",
     "calibrate_noise_multiplier",

@@ -16,6 +16,7 @@ look-ahead.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from .._checks import check_choice, check_delta, check_epsilon, check_int
 from ..errors import BudgetExceededError, UnsupportedEventError
 from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, rigorous_epsilon
 
-__all__ = ["PrivacyBudget", "BudgetTracker", "max_steps", "UNITS"]
+__all__ = ["PrivacyBudget", "BudgetTracker", "max_steps", "UNITS", "charge_replay"]
 
 UNITS = ("record", "client", "node_round")
 
@@ -215,3 +216,32 @@ class BudgetTracker:
             raise ValueError(f"cannot load a state for budget {state['budget']} into a tracker with {self.budget}")
         self.accountant.load_state_dict(state["accountant"])
         self._plan, self._pos = [], 0
+
+
+def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
+    """A push-sum node state (``PushSumNode.state_dict()``) of ``plan`` (a ``flower_dp.clients.base.Plan``) restored at ``k0`` whose ledger also charges iterations ``[k0, k1)`` once more (secret mode).
+
+    A run that stopped or lost a host mid-segment may already have sent some of the steps after its last
+    checkpoint; restored in secret mode, the node draws fresh noise for them, so those steps go out twice with
+    independent noise and must be charged twice.  Conservatively the whole segment ``[k0, k1)`` is charged
+    again.  Reproducible mode resends identical messages: nothing to add.  Non-private and heuristic plans:
+    unchanged.  Raises :class:`BudgetExceededError` when ``budget_epsilon`` can no longer cover the rest of the run.
+    """
+    if plan.reproducible or not plan.private or plan.heuristic or k1 <= k0:
+        return state
+    acc = NodeAccountant(plan.accountant, plan.adjacency)
+    acc.load_state_dict(state["accountant"])
+    for step in plan.steps(node_id, k0, k1):
+        if step.nu > 0 and math.isfinite(step.nu):
+            acc.charge(step)
+    budget = getattr(plan.params, "budget_epsilon", None)
+    if budget is not None:
+        rest = [s for s in plan.steps(node_id, k0) if s.nu > 0 and math.isfinite(s.nu)]
+        eps = acc.epsilon(plan.delta_of(node_id), extra=rest)
+        if eps > float(budget):
+            raise BudgetExceededError(
+                f"node {node_id}: restoring at k={k0} in secret mode charges the possibly sent steps k={k0}..{k1 - 1} "
+                f"again, and the rest of the run would then spend eps = {eps:.4g} > budget_epsilon = {budget}; the run "
+                "stops here with its results so far (resume with [run] reproducible = true to resend identical "
+                "messages, or raise the budget)", node=node_id, step=k0, epsilon_spent=eps, epsilon_limit=float(budget))
+    return {**state, "accountant": acc.state_dict()}
