@@ -36,8 +36,15 @@ def write_index(out: Path) -> Path:
               "Every report lists its claims one by one, with our numbers, the rigorous eps (for the mechanisms without a "
               "DP proof, DPPS family and BQ-SGD, a labelled heuristic eps instead), and why numbers differ.", ""]
     path = Path(out) / "README.md"
-    rio.atomic_write_bytes(path, "\n".join(lines).encode())
+    # hand-written sections (e.g. planned paper-scale sweeps) after the marker survive a rewrite of the index
+    old = path.read_text() if path.exists() else ""
+    tail = old[old.index(INDEX_END):] if INDEX_END in old else INDEX_END + "\n"
+    rio.atomic_write_bytes(path, ("\n".join(lines) + "\n" + tail).encode())
     return path
+
+
+#: the line after which docs/results/README.md holds hand-written sections that write_index keeps
+INDEX_END = "<!-- end of the generated index; hand-written sections below are kept -->"
 
 
 def _rerender(args: argparse.Namespace) -> int:
