@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from flower_dp.privacy import calibrate_schedule, dyn_d2p_schedule, gdp, rigorous_epsilon
+from flower_dp.privacy.calibration import DYN_VARIANTS
 from flower_dp.privacy.accountant import GaussianStep
 
 from .base import Plan
@@ -35,7 +36,6 @@ from .sgp import SGPNode, SGPParams, nonprivate_plan
 
 __all__ = ["DynD2PParams", "DynD2PNode", "prepare_dyn_d2p", "DYN_VARIANTS"]
 
-DYN_VARIANTS = ("dyn", "dyn_c", "dyn_mu", "const", "general", "nonprivate")
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ __all__ = [
 ]
 
 CALIBRATIONS = ("rigorous", "paper")
-DYN_VARIANTS = ("dyn", "dyn_c", "dyn_mu", "const", "nonprivate")
+#: Dyn-D2P variants with a closed-form schedule here; the node's registry adds "general" (user-given C_k, sigma_k)
+SCHEDULE_VARIANTS = ("dyn", "dyn_c", "dyn_mu", "const", "nonprivate")
+DYN_VARIANTS = SCHEDULE_VARIANTS + ("general",)
 
 
 def calibrate(
@@ -252,7 +254,7 @@ def dyn_d2p_schedule(
         on the SUM of clipped gradients; divide by B for the mean).  Paper mode warns (and records
         in ``warnings``) when the rigorous eps exceeds the target.
     """
-    check_choice("variant", variant, DYN_VARIANTS)
+    check_choice("variant", variant, SCHEDULE_VARIANTS)
     check_choice("calibration", calibration, CALIBRATIONS)
     K = check_int("num_iters", num_iters, minimum=1)
     clip0, clip_bar = check_positive("clip0", clip0), check_positive("clip_bar", clip_bar)
