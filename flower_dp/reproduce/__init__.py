@@ -6,7 +6,8 @@
 
 Scales: ``smoke`` (seconds to a few minutes; tests), ``ci`` (minutes on 2 CPU cores, the
 committed reports in ``docs/results/<paper>/``), ``full`` (the paper's setting; a GPU or a Ray
-cluster).  Output in ``out``: ``records.json``/``records.csv`` (one record per run),
+cluster), ``paper`` (``full`` without the ResNet/ViT runs: hours on 2 CPU cores, ``--jobs 2``; the
+reports in ``docs/results/<paper>-<table>-paper/``).  Output in ``out``: ``records.json``/``records.csv`` (one record per run),
 ``summary.csv`` (seeds grouped), PNG plots and ``report.md``; each run's own results folder is
 under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep resumes.
 """
@@ -26,7 +27,8 @@ from typing import Any, Callable
 
 from .. import results as rio
 from ..errors import ConfigError
-from .core import BACKENDS, SCALES, Claim, Paper, RunSpec, group_records, machine_string, plot_learning_curves, run_sweep
+from .core import (BACKENDS, SCALES, Claim, Paper, RunSpec, cpu_feasible, estimate_cpu_hours, group_records,
+                   machine_string, plot_learning_curves, run_sweep, settings_scale)
 
 __all__ = ["PAPERS", "reproduce", "rerender", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
 
@@ -81,14 +83,18 @@ def reproduce(
     command: str | None = None,
     log=print,
     reproducible: bool = False,
-) -> Reproduction:
+    jobs: int = 1,
+    estimate: bool | None = None,
+) -> Reproduction | None:
     """Run (or resume) a paper's headline experiment and write its records, plots and report.
 
     Parameters
     ----------
     paper : one of :data:`PAPERS`
     table : which table/figure of the paper (default: the paper's headline one; see ``tables``)
-    scale : "smoke" | "ci" | "full"
+    scale : "smoke" | "ci" | "full" | "paper" (``full``'s setting, the paper's own, without the ResNet/ViT runs:
+        what 2 CPU cores can run to the end; paper modules may keep a subset of the grid, see
+        :attr:`~flower_dp.reproduce.core.Paper.paper_scale`)
     backend : "inprocess" (the reference runner) | "flower" (Flower simulation on Ray, same numbers)
     out : output folder (default ``runs/reproduce/<paper>-<table>-<scale>``)
     seeds : number of seeds (default: the paper's default for the scale; the papers averaged 5 runs)
@@ -96,13 +102,16 @@ def reproduce(
         (Gau-LRQ: a fresh run secret and nonce), as in a real deployment, so the reported eps holds against
         everyone who reads the results.  True: the seeded simulation mode (the same numbers on every run
         and backend; the guarantee holds only against parties that do not know the seed); the report says so.
+    jobs : runs at once, each in its own process with one torch thread (use one per core)
+    estimate : print the CPU hours of the unfinished runs, measured on one segment, before the sweep (default:
+        at the ``full`` and ``paper`` scales); ``"only"``: print it and return None without running
     """
     p = get_paper(paper)
     table = table or p.default_table
     _check(table, p.tables, f"table for {paper} (valid: {p.tables})")
     _check(scale, SCALES, "scale")
     _check(backend, BACKENDS, "backend")
-    n_seeds = p.default_seeds.get(scale, 1) if seeds is None else int(seeds)
+    n_seeds = p.default_seeds.get(scale, 2 if scale == "paper" else 1) if seeds is None else int(seeds)
     if n_seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds!r}; pass --seeds 1 or more")
     # One torch thread per run unless FLOWER_DP_THREADS says otherwise: measured here, two OpenMP threads on a
@@ -110,20 +119,39 @@ def reproduce(
     os.environ.setdefault("FLOWER_DP_THREADS", "1")
     out_path = Path(out) if out is not None else Path("runs") / "reproduce" / f"{paper}-{table}-{scale}"
     out_path = rio.ensure_writable_dir(out_path)
-    specs = [_with_noise_mode(s, reproducible) for s in p.build_runs(scale, table, list(range(n_seeds)))]
+    specs = [_with_noise_mode(s, reproducible) for s in build_specs(p, scale, table, n_seeds)]
     cmd = command or ("flower-dp reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:])
                       if sys.argv and sys.argv[0].endswith("flower-dp") else
                       f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
-                      f"--seeds {n_seeds} --out {out_path}" + (" --reproducible" if reproducible else ""))
+                      f"--seeds {n_seeds} --out {out_path}" + (" --reproducible" if reproducible else "")
+                      + (f" --jobs {jobs}" if jobs > 1 else ""))
     meta = {"threads": int(os.environ["FLOWER_DP_THREADS"]), "paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
             "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions(),
             "noise": "reproducible" if reproducible else "secret"}
     log(f"reproduce {paper} ({p.tables[table]}), scale {scale}, backend {backend}, {len(specs)} runs "
         f"({n_seeds} seed(s)) -> {out_path}")
+    if estimate or (estimate is None and scale in ("full", "paper")):
+        hours = estimate_cpu_hours(p, specs, out_path, log=log)
+        if hours is not None and jobs > 1:
+            log(f"estimate: about {hours / min(jobs, len(specs)):.1f} h of wall time with --jobs {jobs}")
+        if estimate == "only":
+            return None
     t0 = time.perf_counter()
-    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log)
+    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs)
     wall = time.perf_counter() - t0
     return _finish(p, meta, records, out_path, wall, log)
+
+
+def build_specs(p: Paper, scale: str, table: str, n_seeds: int) -> list[RunSpec]:
+    """The runs of ``table`` at ``scale``: ``paper`` is ``full``'s grid without GPU models, as the paper keeps it."""
+    specs = p.build_runs(settings_scale(scale), table, list(range(n_seeds)))
+    if scale != "paper":
+        return specs
+    kept = [s for s in specs if cpu_feasible(s) and (p.paper_scale is None or p.paper_scale(table, s))]
+    if not kept:
+        raise ConfigError(f"{p.name} {table!r} has no run that fits --scale paper (its models are ResNet/ViT, "
+                          f"GPU only); run it with --scale full on a GPU machine or a Ray cluster")
+    return kept
 
 
 def _with_noise_mode(spec: RunSpec, reproducible: bool) -> RunSpec:
@@ -189,8 +217,8 @@ def rerender(
         raise ConfigError(f"{str(out_path)!r} holds a {meta['paper']!r} reproduction, not {paper!r}")
     p = get_paper(meta["paper"])
     try:  # the configs the runs were made from (records do not store them): the paper's specs, rebuilt
-        configs = {sp.run_id: sp.config for sp in p.build_runs(meta["scale"], meta["table"],
-                                                                list(range(int(meta.get("seeds", 1)))))}
+        configs = {sp.run_id: sp.config for sp in build_specs(p, meta["scale"], meta["table"],
+                                                               int(meta.get("seeds", 1)))}
     except (ValueError, ConfigError):
         configs = {}
     records = [migrate_record(_revive(r), configs.get(r.get("run_id"))) for r in doc["records"]]
@@ -230,7 +258,7 @@ def _revive(obj: Any) -> Any:
 def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_path: Path, wall: float,
             log) -> Reproduction:
     """Claims, tables, plots, summary.csv, claims.json and report.md of finished records."""
-    table, scale = meta["table"], meta["scale"]
+    table, scale = meta["table"], settings_scale(meta["scale"])
     claims = p.check_claims(records, table, scale)
     tables_md, plots = p.render(records, table, scale, out_path)
     curves = plot_learning_curves(records, out_path)  # accuracy and loss vs iteration, for every reproduction
@@ -296,7 +324,7 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         verdict = {True: "**reproduced**", False: "**not reproduced**", None: "not checkable at this scale"}[c.passed]
         lines.append(f"| {c.name} | {verdict} | {c.detail} |")
     lines += ["", "## Why our numbers differ from the paper's", ""]
-    lines += [f"- {d}" for d in p.differences(meta["table"], meta["scale"])]
+    lines += [f"- {d}" for d in p.differences(meta["table"], settings_scale(meta["scale"]))]
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({name})" for name in plots]

@@ -78,16 +78,21 @@ def _cmd(args: argparse.Namespace) -> int:
         if args.table:
             raise ValueError(f"--table {args.table!r} needs one paper, got 'all'; drop --table or name a paper")
         base = Path(args.out or Path("runs") / "reproduce" / args.scale)
+        if args.estimate:
+            raise ValueError("--estimate needs one paper, got 'all'; name a paper (and --table)")
         reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
-                          reproducible=args.reproducible,
+                          reproducible=args.reproducible, jobs=args.jobs,
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
                                   f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else "")
-                                  + (" --reproducible" if args.reproducible else ""))
+                                  + (" --reproducible" if args.reproducible else "")
+                                  + (f" --jobs {args.jobs}" if args.jobs > 1 else ""))
                 for p in PAPERS]
         print(f"index: {write_index(base)}")
     else:
-        reps = [reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
-                          seeds=args.seeds, reproducible=args.reproducible)]
+        rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
+                        seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs,
+                        estimate="only" if args.estimate else None)
+        reps = [rep] if rep is not None else []
     for rep in reps:
         failed = [c for c in rep.claims if c.passed is False]
         print(f"{rep.paper}: {len(rep.claims) - len(failed)}/{len(rep.claims)} claims reproduced or not checkable; "
@@ -136,7 +141,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-h", "--help", action=_HelpWithTables, help="show this help and every paper's tables, then exit")
     p.add_argument("paper", choices=sorted(PAPERS) + ["all"], help="which paper (or all)")
     p.add_argument("--table", default=None, help="which table/figure (default: the headline one)")
-    p.add_argument("--scale", default="ci", choices=["smoke", "ci", "full"])
+    p.add_argument("--scale", default="ci", choices=["smoke", "ci", "full", "paper"],
+                   help="smoke (tests), ci (minutes), full (the paper's setting, GPU), paper (the paper's setting "
+                        "without ResNet/ViT runs: hours on CPU; use --jobs)")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own process with one torch thread (one per core; default 1)")
+    p.add_argument("--estimate", action="store_true",
+                   help="print the CPU hours of the unfinished runs, measured on one segment, and exit (the full and "
+                        "paper scales print it before every sweep)")
     p.add_argument("--backend", default="inprocess", choices=["inprocess", "flower"],
                    help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
     p.add_argument("--out", default=None, help="output folder (default runs/reproduce/PAPER-TABLE-SCALE)")

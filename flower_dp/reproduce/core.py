@@ -41,13 +41,30 @@ __all__ = [
     "SCALES",
     "BACKENDS",
     "run_sweep",
+    "estimate_cpu_hours",
+    "settings_scale",
+    "cpu_feasible",
     "group_records",
     "plot_learning_curves",
     "fmt",
     "mean_std",
 ]
 
-SCALES = ("smoke", "ci", "full")
+SCALES = ("smoke", "ci", "full", "paper")
+#: models too big for the 2-core CPU paper scale (``--scale paper`` drops their runs; ``full`` keeps them)
+GPU_MODELS = ("resnet", "vit")
+
+
+def settings_scale(scale: str) -> str:
+    """The settings a scale reads: ``paper`` is ``full`` (the paper's setting) without the GPU-only models."""
+    return "full" if scale == "paper" else scale
+
+
+def cpu_feasible(spec: "RunSpec") -> bool:
+    """Whether ``spec``'s model fits the CPU paper scale (not a ResNet/ViT)."""
+    model = spec.config.get("model")
+    name = model.get("name") if isinstance(model, dict) else model
+    return not any(g in str(name or "").lower() for g in GPU_MODELS)
 BACKENDS = ("inprocess", "flower")
 _DONE = ("finished", "stopped_by_budget")
 
@@ -94,7 +111,10 @@ class Paper:
     """render(records, table, scale, out) -> (markdown lines of tables, list of written plot file names)"""
     differences: Callable[[str, str], list[str]]
     runners: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
-    default_seeds: dict[str, int] = field(default_factory=lambda: {"smoke": 1, "ci": 1, "full": 5})
+    default_seeds: dict[str, int] = field(default_factory=lambda: {"smoke": 1, "ci": 1, "full": 5, "paper": 2})
+    paper_scale: Callable[[str, RunSpec], bool] | None = None
+    """paper_scale(table, spec) -> whether ``--scale paper`` keeps this run of the table's ``full`` grid (besides
+    dropping GPU models); None keeps them all"""
 
 
 @dataclass(frozen=True)
@@ -296,6 +316,29 @@ def _write_records(out: Path, records: list[dict[str, Any]], meta: dict[str, Any
     rio.write_csv(out / "records.csv", [{k: v for k, v in r.items() if k not in _CSV_SKIP} for r in records])
 
 
+def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str) -> tuple[dict[str, Any], float]:
+    """Run (or resume, or reuse) one spec; return its results document and the CPU seconds this call spent."""
+    c0 = time.process_time()
+    if spec.kind == "pushsum":
+        doc = _run_pushsum(spec, run_dir, backend)
+    else:
+        runner = paper.runners.get(spec.kind)
+        if runner is None:
+            raise ValueError(f"paper {paper.name!r} has no runner for kind {spec.kind!r}")
+        doc = runner(spec, run_dir, backend)
+    return doc, time.process_time() - c0
+
+
+def _run_one_in_worker(paper_name: str, spec: RunSpec, run_dir: str, backend: str) -> tuple[dict[str, Any], float]:
+    """:func:`_run_one` in a worker process of ``run_sweep(jobs > 1)``: one torch thread, the paper by name."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("FLOWER_DP_THREADS", "1")))
+    from . import get_paper
+
+    return _run_one(get_paper(paper_name), spec, Path(run_dir), backend)
+
+
 def run_sweep(
     paper: Paper,
     specs: list[RunSpec],
@@ -304,48 +347,118 @@ def run_sweep(
     backend: str = "inprocess",
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
+    jobs: int = 1,
 ) -> list[dict[str, Any]]:
-    """Run every spec not already finished in ``out/runs``; return one record per spec (in order)."""
+    """Run every spec not already finished in ``out/runs``; return one record per spec (in order).
+
+    ``jobs > 1`` runs that many specs at once, each in a process of its own with one torch thread (the way to
+    use several cores: one run per core).  Records are the same as with ``jobs=1``; ``records.json`` is
+    rewritten, in spec order, each time a run finishes, holding the runs finished so far.
+    """
     out = rio.ensure_writable_dir(out)
     (out / "runs").mkdir(exist_ok=True)
     ids = [s.run_id for s in specs]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"run ids must be unique within a reproduction, got duplicates {dup}")
-    records: list[dict[str, Any]] = []
+    if int(jobs) < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs!r}; pass --jobs 1 (one run at a time) or more")
     meta = dict(meta or {})
+    done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(specs), f"{paper.name}")
+
+    def finish(i: int, doc: dict[str, Any], cpu: float, wall: float) -> None:
+        spec, run_dir = specs[i], out / "runs" / specs[i].run_id
+        rec = record_from_doc(spec, doc)
+        if not rec["reused"]:
+            rec["cpu_time_s"] = cpu
+            _note_cpu(run_dir, cpu)
+        else:
+            rec["cpu_time_s"] = _read_cpu(run_dir)
+        done[i] = rec
+        state = "reused (already finished)" if rec["reused"] else f"done in {wall:.0f} s"
+        eps = (f"eps heuristic {fmt(rec['eps_heuristic'])} (no DP proof)" if "eps_heuristic" in rec
+               else f"eps rigorous {fmt(rec['eps_rigorous'])}")
+        log(f"[{len(done)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "
+            f"{eps} (paper {fmt(rec['eps_paper'])}) - {state}")
+        _write_records(out, [done[j] for j in sorted(done)], meta)
+        if bar is not None:
+            bar.update(1)
+
     try:
         for spec in specs:
-            run_dir = out / "runs" / spec.run_id
-            run_dir.mkdir(parents=True, exist_ok=True)
-            t0, c0 = time.perf_counter(), time.process_time()
-            if spec.kind == "pushsum":
-                doc = _run_pushsum(spec, run_dir, backend)
-            else:
-                runner = paper.runners.get(spec.kind)
-                if runner is None:
-                    raise ValueError(f"paper {paper.name!r} has no runner for kind {spec.kind!r}")
-                doc = runner(spec, run_dir, backend)
-            rec = record_from_doc(spec, doc)
-            if not rec["reused"]:
-                rec["cpu_time_s"] = time.process_time() - c0
-                _note_cpu(run_dir, rec["cpu_time_s"])
-            else:
-                rec["cpu_time_s"] = _read_cpu(run_dir)
-            records.append(rec)
-            state = "reused (already finished)" if rec["reused"] else f"done in {time.perf_counter() - t0:.0f} s"
-            eps = (f"eps heuristic {fmt(rec['eps_heuristic'])} (no DP proof)" if "eps_heuristic" in rec
-                   else f"eps rigorous {fmt(rec['eps_rigorous'])}")
-            log(f"[{len(records)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "
-                f"{eps} (paper {fmt(rec['eps_paper'])}) - {state}")
-            _write_records(out, records, meta)
-            if bar is not None:
-                bar.update(1)
+            (out / "runs" / spec.run_id).mkdir(parents=True, exist_ok=True)
+        if int(jobs) == 1:
+            for i, spec in enumerate(specs):
+                t0 = time.perf_counter()
+                doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend)
+                finish(i, doc, cpu, time.perf_counter() - t0)
+        else:
+            import multiprocessing as mp
+            from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+            with ProcessPoolExecutor(max_workers=int(jobs), mp_context=mp.get_context("spawn")) as pool:
+                started = {pool.submit(_run_one_in_worker, paper.name, spec, str(out / "runs" / spec.run_id),
+                                       backend): (i, time.perf_counter()) for i, spec in enumerate(specs)}
+                pending = set(started)
+                while pending:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in sorted(finished, key=lambda f: started[f][0]):
+                        i, t0 = started[fut]
+                        doc, cpu = fut.result()  # a failed run raises here; the finished ones are recorded
+                        finish(i, doc, cpu, time.perf_counter() - t0)
     finally:
         if bar is not None:
             bar.close()
-    return records
+    return [done[i] for i in range(len(specs))]
+
+
+def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Callable[[str], None] = print
+                       ) -> float | None:
+    """CPU hours the unfinished ``specs`` will take, extrapolated from one measured segment.
+
+    The probe is the first unfinished private push-sum spec (the costliest kind of run), cut to one segment
+    (``eval_every`` iterations, with one evaluation and the privacy report) and run in ``out/estimate-probe``;
+    the rest scales by iterations x nodes.  ``None`` when no push-sum spec is left to measure.
+    """
+    import copy
+    import shutil
+
+    todo = [s for s in specs if not _finished(s, out / "runs" / s.run_id)]
+    pushsum = [s for s in todo if s.kind == "pushsum"]
+    if not pushsum:
+        if todo:
+            log(f"estimate: no push-sum run to measure among the {len(todo)} unfinished runs (kinds "
+                f"{sorted({s.kind for s in todo})}); no estimate")
+        return None if todo else 0.0
+    private = [s for s in pushsum if math.isfinite(float(s.labels.get("eps", math.inf)))]
+    probe = (private or pushsum)[0]
+    cfg = copy.deepcopy(probe.config)
+    seg = max(1, min(int(cfg["run"]["eval_every"]), int(cfg["run"]["num_iters"])))
+    cfg["run"].update(num_iters=seg, eval_every=seg, checkpoint=False, progress=False)
+    probe_dir = out / "estimate-probe"
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    c0 = time.process_time()
+    _run_pushsum(RunSpec(probe.run_id, probe.labels, cfg, probe.seed), probe_dir, "inprocess")
+    per_node_iter = (time.process_time() - c0) / (seg * int(cfg["topology"]["n_nodes"]))
+    shutil.rmtree(probe_dir, ignore_errors=True)
+
+    def work(s: RunSpec) -> float:
+        if s.kind != "pushsum":
+            return 0.0
+        return float(s.config["run"]["num_iters"]) * float(s.config["topology"]["n_nodes"])
+
+    hours = per_node_iter * sum(work(s) for s in todo) / 3600
+    other = len(todo) - len(pushsum)
+    log(f"estimate: {hours:.1f} CPU hours for {len(pushsum)} unfinished push-sum runs (measured: one segment of "
+        f"{probe.run_id}, {seg} iterations, {per_node_iter * 1e3:.1f} ms per node-iteration incl. evaluation and "
+        f"accounting)" + (f"; {other} runs of other kinds not estimated" if other else ""))
+    return hours
+
+
+def _finished(spec: RunSpec, run_dir: Path) -> bool:
+    doc = rio.read_json(run_dir / "results.json")
+    return bool(doc) and doc.get("status") in _DONE
 
 
 # --------------------------------------------------------------------------------------------- summaries
