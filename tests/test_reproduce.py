@@ -9,7 +9,8 @@ import pytest
 
 from flower_dp.errors import ConfigError
 from flower_dp.reproduce import PAPERS, get_paper, reproduce
-from flower_dp.reproduce.core import Paper, group_records, run_sweep
+from flower_dp.reproduce import build_specs
+from flower_dp.reproduce.core import Paper, cpu_feasible, group_records, run_sweep
 
 
 def _subset(paper: Paper, keep) -> Paper:
@@ -35,7 +36,7 @@ def test_bad_arguments_are_clear_errors(kwargs, needle, tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))
-@pytest.mark.parametrize("scale", ["smoke", "ci", "full"])
+@pytest.mark.parametrize("scale", ["smoke", "ci", "full", "paper"])
 def test_every_paper_builds_valid_unique_runs(name, scale, monkeypatch):
     """Every table of every paper at every scale: unique run ids, configs the validators accept, seeds repeat labels."""
     from flower_dp.clients.registry import param_names
@@ -47,10 +48,15 @@ def test_every_paper_builds_valid_unique_runs(name, scale, monkeypatch):
         monkeypatch.setattr(mod, "k_star", lambda scale: (100.0, {}))
     for table in paper.tables:
         try:
-            specs = paper.build_runs(scale, table, [0, 1])
+            specs = build_specs(paper, scale, table, 2)
         except ValueError as exc:  # a GPU-and-CIFAR experiment: full scale only, said clearly
-            assert scale != "full" and f"has no {scale!r} scale" in str(exc) and "--scale full" in str(exc), exc
+            assert scale != "full" and "--scale full" in str(exc), exc
+            assert f"has no {scale!r} scale" in str(exc) or (scale == "paper" and "GPU only" in str(exc)), exc
             continue
+        if scale == "paper":  # the CPU paper scale: full's settings, never a ResNet/ViT run
+            assert all(cpu_feasible(s) for s in specs)
+            full_ids = {s.run_id for s in paper.build_runs("full", table, [0, 1])}
+            assert {s.run_id for s in specs} <= full_ids
         ids = [s.run_id for s in specs]
         assert len(ids) == len(set(ids)) and specs
         for s in specs:

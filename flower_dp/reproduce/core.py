@@ -175,7 +175,8 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
     if doc and doc.get("config"):  # a run from before [run] debug_metrics existed ran with it off
         doc["config"].setdefault("run", {}).setdefault("debug_metrics", False)
         doc["config"]["run"].setdefault("reproducible", True)  # before secret noise every run was seeded
-    if doc and doc.get("status") in _DONE and doc.get("config") == cfg.to_dict():
+    same = bool(doc) and _same_config(doc.get("config"), cfg)
+    if same and doc.get("status") in _DONE:
         doc["_reused"] = True
         return doc
     if backend == "flower":
@@ -183,12 +184,38 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
 
         run_flower_experiment(cfg, out_dir=run_dir)
     else:
-        resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and bool(doc) and doc.get("config") == cfg.to_dict()
-        run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
+        from ..errors import CheckpointError
+
+        resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and same
+        try:
+            run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
+        except CheckpointError as err:  # unreadable (older format, corrupted): this run starts again, the rest stand
+            if not resume:
+                raise
+            print(f"flower-dp: {spec.run_id}: its checkpoint cannot be resumed ({err}); running it from the start",
+                  file=sys.stderr)
+            (run_dir / rio.CHECKPOINT_NAME).unlink(missing_ok=True)
+            run_experiment(cfg, out_dir=run_dir, resume=False, progress=True)
     doc = rio.read_json(run_dir / "results.json")
     if doc is None:
         raise RuntimeError(f"run {spec.run_id!r} wrote no results.json in {str(run_dir)!r}")
     return doc
+
+
+def _same_config(stored: Any, cfg: Any) -> bool:
+    """Whether a run's stored config is ``cfg``: compared after both pass through today's config parser, so a
+    key added later with its default (what the run in fact used) does not make a finished run look different."""
+    from ..errors import ConfigError
+    from ..experiments import config_from_dict
+
+    if not isinstance(stored, dict):
+        return False
+    if stored == cfg.to_dict():
+        return True
+    try:
+        return config_from_dict(stored).to_dict() == cfg.to_dict()
+    except (ConfigError, TypeError, ValueError):
+        return False
 
 
 def _per_node(doc: dict[str, Any], key: str) -> list[float]:
@@ -436,7 +463,7 @@ def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Ca
     cfg = copy.deepcopy(probe.config)
     seg = max(1, min(int(cfg["run"]["eval_every"]), int(cfg["run"]["num_iters"])))
     cfg["run"].update(num_iters=seg, eval_every=seg, checkpoint=False, progress=False)
-    probe_dir = out / "estimate-probe"
+    probe_dir = out / "runs" / ".estimate-probe"  # under runs/: git-ignored, like the runs
     shutil.rmtree(probe_dir, ignore_errors=True)
     c0 = time.process_time()
     _run_pushsum(RunSpec(probe.run_id, probe.labels, cfg, probe.seed), probe_dir, "inprocess")

@@ -1,0 +1,89 @@
+"""Running sweeps on several cores (``--jobs``), the CPU-hour estimate, and reusing finished runs (issue 15)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flower_dp.experiments import config_from_dict
+from flower_dp.reproduce import build_specs, get_paper, reproduce
+from flower_dp.reproduce.core import _same_config, estimate_cpu_hours, run_sweep
+
+
+def _smoke_specs(n: int = 3):
+    """A few Dyn-D2P smoke runs in the seeded mode (so two sweeps must agree exactly)."""
+    from flower_dp.reproduce import _with_noise_mode
+
+    paper = get_paper("dyn-d2p")
+    return paper, [_with_noise_mode(s, True) for s in build_specs(paper, "smoke", "table2", 1)[:n]]
+
+
+@pytest.mark.slow
+def test_jobs_two_gives_the_records_of_jobs_one(tmp_path):
+    """Two runs at once, each in its own process, give the same records in the same order as one at a time."""
+    paper, specs = _smoke_specs(3)
+    serial = run_sweep(paper, specs, tmp_path / "one", log=lambda m: None)
+    parallel = run_sweep(paper, specs, tmp_path / "two", log=lambda m: None, jobs=2)
+    assert [r["run_id"] for r in parallel] == [s.run_id for s in specs]
+    for a, b in zip(serial, parallel):
+        assert a["final_acc"] == b["final_acc"] and a["eps_rigorous"] == b["eps_rigorous"]
+        assert [h["acc_avg"] for h in a["history"]] == [h["acc_avg"] for h in b["history"]]
+    doc = json.loads((tmp_path / "two" / "records.json").read_text())
+    assert [r["run_id"] for r in doc["records"]] == [s.run_id for s in specs]
+    # a second parallel call reuses every finished run
+    again = run_sweep(paper, specs, tmp_path / "two", log=lambda m: None, jobs=2)
+    assert all(r["reused"] for r in again)
+
+
+def test_jobs_below_one_is_a_clear_error(tmp_path):
+    paper, specs = _smoke_specs(1)
+    with pytest.raises(ValueError, match="jobs must be >= 1, got 0"):
+        run_sweep(paper, specs, tmp_path, jobs=0)
+
+
+def test_estimate_measures_one_segment_and_scales_by_work(tmp_path):
+    """The estimate runs one segment of a private run and extrapolates over iterations x nodes; finished runs
+    cost nothing; the probe leaves no folder behind."""
+    paper, specs = _smoke_specs(3)
+    lines: list[str] = []
+    hours = estimate_cpu_hours(paper, specs, tmp_path, log=lines.append)
+    assert hours is not None and 0 < hours < 0.05, hours  # seconds of work at smoke scale
+    assert "CPU hours for 3 unfinished push-sum runs" in lines[-1] and "ms per node-iteration" in lines[-1]
+    assert not (tmp_path / "runs" / ".estimate-probe").exists()
+    run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    assert estimate_cpu_hours(paper, specs, tmp_path, log=lines.append) == 0.0
+
+
+def test_estimate_only_returns_without_running(tmp_path):
+    assert reproduce("dyn-d2p", scale="smoke", out=tmp_path, seeds=1, estimate="only", log=lambda m: None) is None
+    assert not list((tmp_path / "runs").glob("*/results.json"))
+
+
+def test_a_config_key_added_later_with_its_default_still_matches():
+    """A finished run whose stored config predates a key (the default is what it ran with) is reused; a changed
+    value is not."""
+    _, specs = _smoke_specs(1)
+    cfg = config_from_dict(specs[0].config)
+    stored = cfg.to_dict()
+    stored["run"].pop("debug_metrics")
+    assert _same_config(stored, cfg)
+    stored["run"]["num_iters"] += 1
+    assert not _same_config(stored, cfg)
+    assert not _same_config(None, cfg)
+
+
+def test_paper_scale_of_dyn_d2p_table2_is_the_papers_grid():
+    """``--scale paper``: n = 20, K = 3000, the four variants at the paper's four eps with the paper's calibration,
+    the rigorous calibration for Const-D2P and Dyn-D2P, the non-private twin; 2 seeds by default."""
+    paper = get_paper("dyn-d2p")
+    specs = build_specs(paper, "paper", "table2", 2)
+    assert len(specs) == 2 * (1 + 4 * 4 + 2 * 4)
+    cfg = specs[0].config
+    assert cfg["topology"]["n_nodes"] == 20 and cfg["run"]["num_iters"] == 3000
+    assert cfg["data"]["dataset"] == "fashion_mnist" and cfg["model"]["name"] == "shallow_cnn"
+    rigorous = {s.labels["algorithm"] for s in specs if s.labels.get("calibration") == "rigorous"}
+    assert rigorous == {"Const-D2P", "Dyn-D2P"}
+    assert {s.labels["eps"] for s in specs if s.labels.get("calibration") == "paper"} == {0.3, 0.7, 1.0, 3.0}
+    with pytest.raises(ValueError, match="GPU only"):
+        build_specs(paper, "paper", "table1", 1)
