@@ -36,6 +36,7 @@ from flower_dp.rng import NodeKey, numpy_rng
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
            "registry_builder", "spec_from_config", "plan_spec", "model_builder", "make_client_app", "handle_message",
+           "handle_content",
            "BUILDERS"]
 
 
@@ -322,6 +323,18 @@ def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], t
 
 BUILDERS: dict[str, NodeBuilder] = {"toy": toy_builder, "registry": registry_builder}
 
+
+def _register_wire_types() -> None:
+    """Allow the registry's plan and parameter dataclasses in typed specs (:func:`flower_dp.gossip.wire.register`)."""
+    from flower_dp.gossip import wire
+
+    from .base import Plan
+    from .registry import ALGORITHMS
+
+    wire.register(Plan)
+    for params_cls, _, _ in ALGORITHMS.values():
+        wire.register(params_cls)
+
 # (run id, node id, session) -> (version, node); the session tells apart strategies run one after another
 _RELAY_CACHE: dict[tuple[int, int, str], tuple[int, Any]] = {}
 
@@ -353,6 +366,8 @@ def _relay_node(context: Any, run_id: int, node_id: int, builder: NodeBuilder | 
         return hit[1], version
     spec = keys.decode(rec["spec"])
     node = (builder or BUILDERS[spec.get("builder", "toy")])(node_id, spec, context)(node_id, _relay_device(spec))
+    if "initial" in rec:  # the model's buffers (and x, replaced by the state below) of Flower's initial_arrays
+        keys.apply_initial_arrays(node, keys.decode(rec["initial"]))
     node.load_state_dict(keys.decode(rec["state"]))
     if "private_key" in rec and hasattr(node, "_private_key"):  # the same secret as before the rebuild
         node._private_key = NodeKey.from_bytes(rec["private_key"])
@@ -374,47 +389,88 @@ def _save_relay_node(context: Any, run_id: int, node_id: int, node: Any, version
     _RELAY_CACHE[(run_id, node_id, str(rec["session"]))] = (version + 1, node)
 
 
-def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | None = None) -> Any:
-    """The ClientApp's work for one push-sum message: ``cfg`` is its ``"pushsum"`` ConfigRecord.
+def _initialised_node(factory: Callable[[int, str], Any], initial: dict[str, Any], node_id: int, device: str) -> Any:
+    """``factory(node_id, device)`` started from Flower's ``initial_arrays`` (before ``setup()``)."""
+    return keys.apply_initial_arrays(factory(node_id, device), initial)
 
-    Returns the reply ``ConfigRecord`` (``partition_id``, and ``device`` or the encoded payload).
+
+def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | None = None,
+                   arrays: Any = None, config: Any = None) -> tuple[Any, Any]:
+    """The ClientApp's work for one push-sum message: ``cfg`` is its ``"pushsum"`` ConfigRecord, ``arrays`` the
+    message's ``ArrayRecord`` under :data:`flower_dp.gossip.relay.ARRAYS_KEY` (None when it has none: on
+    ``register``, Flower's ``initial_arrays``, the nodes' starting model), ``config`` its ``"config"`` ConfigRecord
+    (Flower's ``train_config``, handed to the node builder as ``spec["train_config"]``).
+
+    Returns the reply ``ConfigRecord`` (``partition_id``, and ``device`` or the payload's JSON tree) and the reply's
+    ``ArrayRecord`` (None when it carries no arrays).  Everything is typed (:mod:`flower_dp.gossip.wire`): no pickle.
     """
     from flwr.app import ConfigRecord
 
+    _register_wire_types()
+    reply_arrays = None
     K = keys.MESSAGE_KEYS
     action, transport = str(cfg[K["action"]]), str(cfg[K["transport"]])
     node_id = int(context.node_config["partition-id"])
     reply = ConfigRecord({"partition_id": node_id})
     if action == "register":
         spec = keys.decode(cfg[K["spec"]])
+        if config is not None and len(config):  # Flower's train_config, for the node builder
+            spec["train_config"] = dict(config)
+        initial = {name: arrays[name].numpy() for name in arrays} if arrays is not None and len(arrays) else None
         b = builder or BUILDERS[spec.get("builder", "toy")]
         if transport == "ray":
             from flower_dp.gossip.ray_backend import register_node
 
             r = spec["_ray"]
-            reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"],
-                                            b(node_id, spec, context))
+            factory = b(node_id, spec, context)
+            if initial is not None:
+                factory = functools.partial(_initialised_node, factory, initial)
+            reply["device"] = register_node(r["name"], r["namespace"], node_id, r["n_nodes"], r["num_hosts"], factory)
         else:
             session = str(spec.get("_session", ""))
             rec = context.state["pushsum"] if "pushsum" in context.state else None
             if rec is None or str(rec["session"]) != session:  # first round of this strategy run
                 device = _relay_device(spec)
                 node = b(node_id, spec, context)(node_id, device)
+                if initial is not None:
+                    keys.apply_initial_arrays(node, initial)
                 node.setup()
-                context.state["pushsum"] = ConfigRecord({"spec": cfg[K["spec"]], "version": 0, "session": session})
+                rec = ConfigRecord({"spec": keys.encode(spec) if "train_config" in spec else cfg[K["spec"]],
+                                    "version": 0, "session": session})
+                if initial is not None:
+                    rec["initial"] = keys.encode(initial)
+                context.state["pushsum"] = rec
                 _save_relay_node(context, run_id, node_id, node, 0)
                 reply["device"] = device
+                layout = keys.param_layout(node)
+                if layout is not None and node_id == 0:  # names and shapes of the model (public), for the Result
+                    import json
+
+                    reply["param_layout"] = json.dumps(layout)
     else:
         k = int(cfg[K["k"]])
         node, version = _relay_node(context, run_id, node_id, builder, action, k)
         snap: dict[str, Any] = {}
-        out = keys.handle_relay_request(node, action, k, keys.decode(cfg[K["payload"]]), snapshot=snap)
+        out = keys.handle_relay_request(node, action, k, keys.from_records(cfg[K["payload"]], arrays), snapshot=snap)
         if "contrib" in out:  # between contribute(k) and local_step(k): keep the state from before contribute
             _save_relay_node(context, run_id, node_id, node, version, state=snap["state"], pending_k=k)
         else:
             _save_relay_node(context, run_id, node_id, node, version)
-        reply[K["payload"]] = keys.encode(out)
-    return reply
+        reply[K["payload"]], reply_arrays = keys.to_records(out)
+    return reply, reply_arrays
+
+
+def handle_content(content: Any, context: Any, run_id: int, builder: NodeBuilder | None = None) -> Any:
+    """:func:`handle_message` on a whole message body: ``RecordDict`` in (``"pushsum"`` ConfigRecord and the
+    optional payload ``ArrayRecord``), reply ``RecordDict`` out."""
+    from flwr.app import RecordDict
+
+    reply, arrays = handle_message(content["pushsum"], context, run_id, builder,
+                                   content.array_records.get(keys.ARRAYS_KEY), content.config_records.get("config"))
+    out = RecordDict({"pushsum": reply})
+    if arrays is not None:
+        out[keys.ARRAYS_KEY] = arrays
+    return out
 
 
 def make_client_app(builder: NodeBuilder | None = None):
@@ -433,7 +489,6 @@ def make_client_app(builder: NodeBuilder | None = None):
 
     @app.train()
     def train(msg: Message, context: Any) -> Message:
-        reply = handle_message(msg.content["pushsum"], context, int(msg.metadata.run_id), builder)
-        return Message(RecordDict({"pushsum": reply}), reply_to=msg)
+        return Message(handle_content(msg.content, context, int(msg.metadata.run_id), builder), reply_to=msg)
 
     return app

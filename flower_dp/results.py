@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 CHECKPOINT_NAME = "checkpoint.pt"
-_MAGIC = b"FLOWERDP-CKPT1\n"
+_OLD_MAGIC = b"FLOWERDP-CKPT1\n"  # torch.save pickles (flower-dp before typed checkpoints): refused, never read
+_MAGIC = b"FLOWERDP-CKPT2\n"
 
 
 def ensure_writable_dir(path: str | Path) -> Path:
@@ -129,12 +130,14 @@ def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> None:
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
-    """Save ``state`` (tensors, numbers, dicts) to ``directory/checkpoint.pt`` with a checksum."""
-    import torch
+    """Save ``state`` (tensors, arrays, numbers, strings, dicts, lists) to ``directory/checkpoint.pt`` with a checksum.
 
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    payload = buf.getvalue()
+    The payload is typed (:func:`flower_dp.gossip.wire.to_bytes`: a JSON header and raw array bytes), never a
+    pickle; RNG states round-trip (numpy ``bit_generator.state`` dicts, torch generator states as ``uint8`` tensors).
+    """
+    from .gossip import wire
+
+    payload = wire.to_bytes(state)
     digest = hashlib.sha256(payload).hexdigest().encode()
     path = Path(directory) / CHECKPOINT_NAME
     atomic_write_bytes(path, _MAGIC + digest + b"\n" + payload)
@@ -142,19 +145,24 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
 
 
 def load_checkpoint(directory: str | Path) -> dict[str, Any]:
-    """Load and verify a checkpoint written by :func:`save_checkpoint`.
+    """Load and verify a checkpoint written by :func:`save_checkpoint` (builds typed values only, never unpickles).
 
     Raises
     ------
     CheckpointError
-        If the file is missing, truncated, or its checksum does not match.
+        If the file is missing, truncated, its checksum does not match, or it was written by an older
+        flower-dp (a pickle, ``FLOWERDP-CKPT1``): such a file is refused unread and must be deleted.
     """
-    import torch
+    from .gossip import wire
 
     path = Path(directory) / CHECKPOINT_NAME
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {str(path)!r}; nothing to resume (run without --resume)")
     raw = path.read_bytes()
+    if raw.startswith(_OLD_MAGIC):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was written by an older version of flower-dp (a pickle, which is never loaded); "
+            "delete it and rerun without --resume (the run starts from scratch)")
     if not raw.startswith(_MAGIC):
         raise CheckpointError(f"{str(path)!r} is not a flower-dp checkpoint (bad header); delete it or start a new run")
     rest = raw[len(_MAGIC) :]
@@ -164,7 +172,10 @@ def load_checkpoint(directory: str | Path) -> dict[str, Any]:
             f"checkpoint {str(path)!r} is corrupted (checksum mismatch); it was not loaded. "
             "Delete it to restart from scratch"
         )
-    return torch.load(io.BytesIO(payload), weights_only=False)
+    try:
+        return wire.from_bytes(payload)
+    except (wire.WireError, TypeError) as exc:
+        raise CheckpointError(f"checkpoint {str(path)!r} is unreadable ({exc}); delete it to restart from scratch") from exc
 
 
 def versions() -> dict[str, str]:

@@ -37,6 +37,7 @@ whose budget cannot cover it stops cleanly); reproducible mode resends identical
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
@@ -56,7 +57,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.gossip.relay import decode, encode
+from flower_dp.gossip.relay import ARRAYS_KEY, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 
@@ -136,16 +137,30 @@ class PushSumStrategy(Strategy):
         self.failures: list[dict[str, Any]] = []  # one entry per dead host actor (round, segment, nodes)
         self._snapshot: dict[str, Any] | None = None  # last checkpoint, kept in memory
         self._relay_ready = False
+        self._initial: ArrayRecord | None = None  # Flower's initial_arrays (start)
+        self._train_config = ConfigRecord()
+        self._flower_evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
+        self._result = Result()
+        self._layout: list | None = None  # [[name, start, stop, shape]] of the nodes' trainable parameters
 
     # -- Strategy ABC (Message API) -----------------------------------------------------
     def summary(self) -> None:
         print(f"PushSumStrategy: n={self.n_nodes}, K={self.num_iters}, R={self.iters_per_round}, transport={self.transport}")
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        """One ``register`` message per SuperNode (cheap after round 1: the node already exists)."""
+        """One ``register`` message per SuperNode (cheap after round 1: the node already exists).
+
+        ``arrays`` (non-empty only when the nodes are built: Flower's ``initial_arrays``) is the nodes' starting
+        model; ``config`` (Flower's ``train_config``) reaches the node builder as ``spec["train_config"]``.
+        """
         cfg = ConfigRecord({KEY["action"]: "register", KEY["transport"]: self.transport, "round": server_round,
                             KEY["spec"]: encode(self.spec)})
-        return [Message(RecordDict({"pushsum": cfg}), dst_node_id=nid, message_type="train") for nid in grid.get_node_ids()]
+        content = {"pushsum": cfg}
+        if arrays is not None and len(arrays):
+            content[ARRAYS_KEY] = arrays
+        if config is not None and len(config):
+            content["config"] = config
+        return [Message(RecordDict(content), dst_node_id=nid, message_type="train") for nid in grid.get_node_ids()]
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Map Flower node ids to push-sum ids; fail loudly on ClientApp errors."""
@@ -153,7 +168,10 @@ class PushSumStrategy(Strategy):
             if msg.has_error():
                 raise RuntimeError(f"ClientApp on Flower node {msg.metadata.src_node_id} failed in round {server_round}: "
                                    f"{msg.error.reason}")
-            self.node_of[msg.metadata.src_node_id] = int(msg.content["pushsum"]["partition_id"])
+            rec = msg.content["pushsum"]
+            self.node_of[msg.metadata.src_node_id] = int(rec["partition_id"])
+            if "param_layout" in rec:
+                self._layout = json.loads(str(rec["param_layout"]))
         return None, None
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -165,17 +183,63 @@ class PushSumStrategy(Strategy):
     # -- the run ------------------------------------------------------------------------
     def start(self, grid: Grid, initial_arrays: ArrayRecord | None = None, num_rounds: int | None = None,
               timeout: float | None = None, train_config: ConfigRecord | None = None,
-              evaluate_config: ConfigRecord | None = None, evaluate_fn: Any = None) -> Result:
-        """Run ``ceil(num_iters / iters_per_round)`` rounds (or ``num_rounds``) and return Flower's ``Result``."""
+              evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+        """Run the push-sum segments; FedAvg's signature (:meth:`flwr.serverapp.strategy.Strategy.start`).
+
+        Parameters
+        ----------
+        grid : Grid
+        initial_arrays : ArrayRecord, optional
+            The nodes' starting model, e.g. ``ArrayRecord(model.state_dict())`` of the model the ClientApp builds
+            (every node starts from it; default: the model the node builder makes).  Also the template of
+            ``Result.arrays`` (its buffers are kept, its trainable parameters replaced by the network average).
+        num_rounds : int, optional
+            Flower rounds = segments of ``iters_per_round`` iterations; default ``ceil(num_iters / iters_per_round)``
+            (never more iterations than ``num_iters``).
+        timeout : float, optional
+            Replaces ``timeout_s`` (the longest wait for ClientApp replies and for shares between hosts).
+        train_config : ConfigRecord, optional
+            Sent with the ``register`` messages; the node builder sees it as ``spec["train_config"]``.
+        evaluate_config : ConfigRecord, optional
+            Unused: push-sum has no client-side evaluation round (the nodes' models are evaluated by
+            ``evaluate_fn`` on the network average).
+        evaluate_fn : callable (round, ArrayRecord) -> MetricRecord or None, optional
+            Flower's centralized evaluation, called with the network-average model as an ArrayRecord at round 0
+            and after every round.
+
+        Returns
+        -------
+        Result
+            ``arrays``: the network-average model; it loads with
+            ``model.load_state_dict(result.arrays.to_torch_state_dict())`` (given ``initial_arrays``, or a model
+            without buffers).  ``train_metrics_clientapp[r]``: the round's public node metrics and the privacy spent
+            (``eps_rigorous`` and ``eps_paper``: the largest over the nodes; ``eps_heuristic`` for the DPPS family).
+            ``evaluate_metrics_serverapp[r]``: ``evaluate_fn``'s metrics.
+        """
         t0 = time.perf_counter()
+        if timeout is not None:
+            self.timeout_s = check_positive("timeout", timeout)
+        self._initial = initial_arrays if initial_arrays is not None and len(initial_arrays) else None
+        self._train_config = train_config if train_config is not None else ConfigRecord()
+        self._flower_evaluate_fn = evaluate_fn
         rounds = -(-self.num_iters // self.iters_per_round) if num_rounds is None else int(num_rounds)
+        log.info("Starting %s strategy:", type(self).__name__)
+        log.info("\t├── Number of rounds: %d (%d iterations of %d, transport=%s)", rounds, self.num_iters,
+                 self.iters_per_round, self.transport)
         result = Result()
+        self._result = result
         status, error = "running", None
         k_done = 0
         if self.resume:
             self._snapshot = self._load_checkpoint()
             k_done = int(self._snapshot["k"])
             self.history, self.bits = list(self._snapshot["history"]), np.asarray(self._snapshot["bits"], dtype=np.int64)
+        if evaluate_fn is not None and k_done == 0 and self._initial is not None:
+            res = evaluate_fn(0, self._initial)
+            log.info("Initial global evaluation results: %s", res)
+            if res is not None:
+                result.evaluate_metrics_serverapp[0] = res
         try:
             for rnd in range(1, rounds + 1):
                 k0 = (rnd - 1) * self.iters_per_round
@@ -184,14 +248,19 @@ class PushSumStrategy(Strategy):
                     break
                 if k1 <= k_done:
                     continue  # finished before the resume
+                log.info("")
+                log.info("[ROUND %d/%d]", rnd, rounds)
                 self._register(grid, rnd, k0)
                 if self.transport == "ray":
                     self._ray_segment_with_retries(grid, rnd, k0, k1)
                 else:
                     self._relay_segment(grid, rnd, k0, k1)
                 row = self.history[-1]
-                result.train_metrics_clientapp[rnd] = MetricRecord({k: float(v) for k, v in row.items() if k != "eval"})
-                if row.get("eval"):
+                metrics = {k: float(v) for k, v in row.items() if k != "eval"}
+                metrics.update(self._eps_metrics())
+                result.train_metrics_clientapp[rnd] = MetricRecord(metrics)
+                log.info("\t└──> Aggregated MetricRecord: %s", result.train_metrics_clientapp[rnd])
+                if row.get("eval") and rnd not in result.evaluate_metrics_serverapp:
                     result.evaluate_metrics_serverapp[rnd] = MetricRecord(dict(row["eval"]))
                 self._write("running", t0, error)
             status = "finished"
@@ -202,12 +271,52 @@ class PushSumStrategy(Strategy):
             if self.history or status != "failed":  # a run refused before its first segment leaves no file
                 self._write(status, t0, error)
             if self.last_average is not None:
-                result.arrays = ArrayRecord([self.last_average.numpy()])
+                result.arrays = self.average_arrays(self.last_average)
             if self.backend is not None:
                 self.backend.shutdown()
                 self.backend = None
         self.timings["total_s"] = time.perf_counter() - t0
+        log.info("Strategy execution finished in %.2fs", self.timings["total_s"])
         return result
+
+    def _eps_metrics(self) -> dict[str, float]:
+        """The privacy spent so far: the largest ``eps_rigorous`` / ``eps_paper`` (/ ``eps_heuristic``) over nodes."""
+        out: dict[str, float] = {}
+        for key in ("eps_rigorous", "eps_paper", "eps_heuristic"):
+            vals = [float(r[key]) for r in self.privacy if r.get(key) is not None]
+            if vals:
+                out[key] = max(vals)
+        return out
+
+    def average_arrays(self, flat: torch.Tensor) -> ArrayRecord:
+        """The network-average flat vector as the user's model: an ArrayRecord that loads with
+        ``model.load_state_dict(record.to_torch_state_dict())``.
+
+        Names and shapes come from the nodes' model (reported by node 0 on ``register``) and the buffers from
+        ``initial_arrays``; a node without a model (the toy node) gives ``{"x": flat}``, or ``initial_arrays``'
+        shapes when their sizes add up to d.
+        """
+        flat = flat.detach().cpu()
+        template = self._initial
+        layout = self._layout
+        if layout is not None:
+            params = {name: flat[a:b].reshape(shape) for name, a, b, shape in layout}
+            if template is None:
+                return ArrayRecord({name: Array(np.ascontiguousarray(t.numpy())) for name, t in params.items()})
+            out = {}
+            for name, arr in template.items():
+                ref = arr.numpy()
+                out[name] = Array(np.ascontiguousarray(params[name].numpy().astype(ref.dtype).reshape(ref.shape))
+                                  if name in params else ref)
+            return ArrayRecord(out)
+        if template is not None and sum(int(np.prod(a.shape)) for a in template.values()) == flat.numel():
+            out, pos = {}, 0
+            for name, arr in template.items():
+                ref = arr.numpy()
+                out[name] = Array(np.ascontiguousarray(flat[pos:pos + ref.size].numpy().astype(ref.dtype).reshape(ref.shape)))
+                pos += ref.size
+            return ArrayRecord(out)
+        return ArrayRecord({"x": Array(flat.numpy().copy())})
 
     def _register(self, grid: Grid, rnd: int, k0: int) -> None:
         """Send this round's ``register`` messages; on a fresh start, set the nodes up or restore them at ``k0``."""
@@ -242,7 +351,8 @@ class PushSumStrategy(Strategy):
                 f"n_nodes = {self.n_nodes} (one SuperNode per push-sum node is needed); set num-supernodes = "
                 f"{self.n_nodes} (run_simulation(num_supernodes={self.n_nodes}) or flwr run --federation-config "
                 f"'num-supernodes={self.n_nodes}'), or lower n_nodes")
-        replies = list(grid.send_and_receive(self.configure_train(rnd, ArrayRecord(), ConfigRecord(), grid),
+        initial = self._initial if fresh and k0 == 0 and self._initial is not None else ArrayRecord()
+        replies = list(grid.send_and_receive(self.configure_train(rnd, initial, self._train_config, grid),
                                              timeout=self.timeout_s))
         self.aggregate_train(rnd, replies)
         if len(replies) < self.n_nodes or len(set(self.node_of.values())) < self.n_nodes:
@@ -328,23 +438,30 @@ class PushSumStrategy(Strategy):
         self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + seg.wall_time_s
         self.bits += seg.bits_sent
         avg = be.network_average()
-        if k1 >= self.num_iters or self.out_path is not None:  # rigorous eps of every ledger: not free, so only when written
-            self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
+        if self._layout is None:  # names and shapes of the nodes' model (public), for Result.arrays
+            from flower_dp.gossip.relay import param_layout
+
+            self._layout = be.apply(param_layout, [0]).get(0)
+        # the eps spent so far goes into the Result's metrics every round
+        self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
         keep = (self.checkpoint and self.out_path is not None) or self.max_retries > 0
         states = be.state_dicts() if keep else None
         self._finish_segment(rnd, k1, seg.metric_means(), avg, states)
 
     def _send(self, grid: Grid, action: str, k: int, per_node: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
         flower_of = {v: f for f, v in self.node_of.items()}
-        msgs = [Message(RecordDict({"pushsum": ConfigRecord({KEY["action"]: action, KEY["k"]: k,
-                                                             KEY["transport"]: "relay",
-                                                             KEY["payload"]: encode(per_node[i])})}),
-                        dst_node_id=flower_of[i], message_type="train") for i in range(self.n_nodes)]
+        msgs = []
+        for i in range(self.n_nodes):
+            tree, arrays = to_records(per_node[i])
+            cfg = ConfigRecord({KEY["action"]: action, KEY["k"]: k, KEY["transport"]: "relay", KEY["payload"]: tree})
+            msgs.append(Message(RecordDict({"pushsum": cfg, ARRAYS_KEY: arrays}), dst_node_id=flower_of[i],
+                                message_type="train"))
         out = {}
         for msg in grid.send_and_receive(msgs, timeout=self.timeout_s):
             if msg.has_error():
                 raise RuntimeError(f"ClientApp on Flower node {msg.metadata.src_node_id} failed at k={k}: {msg.error.reason}")
-            out[self.node_of[msg.metadata.src_node_id]] = decode(msg.content["pushsum"][KEY["payload"]])
+            arrays = msg.content.array_records.get(ARRAYS_KEY)
+            out[self.node_of[msg.metadata.src_node_id]] = from_records(msg.content["pushsum"][KEY["payload"]], arrays)
         if len(out) < self.n_nodes:
             missing = sorted(set(range(self.n_nodes)) - set(out))
             raise GossipTimeoutError(f"relay: no reply from nodes {missing} at k={k} ({action}) within "
@@ -391,6 +508,13 @@ class PushSumStrategy(Strategy):
             ev = self.evaluate_fn(rnd, avg)
             if ev:
                 row["eval"] = {key: float(v) for key, v in ev.items()}
+        if self._flower_evaluate_fn is not None:
+            res = self._flower_evaluate_fn(rnd, self.average_arrays(avg))
+            log.info("\t└──> Global evaluation MetricRecord: %s", res)
+            if res is not None:
+                self._result.evaluate_metrics_serverapp[rnd] = res
+                row.setdefault("eval", {}).update({key: float(v) for key, v in res.items()
+                                                   if isinstance(v, (int, float))})
         self.history.append(row)
         if states is not None:
             snap = {"meta": self._meta(), "k": k, "nodes": [states[i] for i in range(self.n_nodes)],

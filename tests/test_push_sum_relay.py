@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flower_dp.clients import push_sum_app
-from flower_dp.clients.push_sum_app import build_plan_node, handle_message
+from flower_dp.clients.push_sum_app import build_plan_node, handle_content
 from flower_dp.errors import CheckpointError, GossipTimeoutError
 from flower_dp.gossip import run_iteration
 from flower_dp.results import load_checkpoint
@@ -56,8 +56,7 @@ class FakeGrid:
                 continue  # no such SuperNode: no reply (Flower would time out)
             if self.fresh_process:
                 push_sum_app._RELAY_CACHE.clear()
-            reply = handle_message(m.content["pushsum"], ctx, 1, self.builder)
-            out.append(Message(RecordDict({"pushsum": reply}), reply_to=m))
+            out.append(Message(handle_content(m.content, ctx, 1, self.builder), reply_to=m))
             self.messages += 1
         return out
 

@@ -20,9 +20,9 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from flower_dp.clients import registry
-from flower_dp.clients.push_sum_app import build_plan_node, handle_message
+from flower_dp.clients.push_sum_app import build_plan_node, handle_content
 from flower_dp.gossip import Contribution, Share, reduce_contributions, route_shares
-from flower_dp.gossip.relay import MESSAGE_KEYS, decode
+from flower_dp.gossip.relay import ARRAYS_KEY, MESSAGE_KEYS, from_records
 from flower_dp.models import build_model
 from flower_dp.releases import DEBUG_ONLY_NODE_METRICS, HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, node_metrics
 from flower_dp.topology import make_topology
@@ -239,18 +239,22 @@ class RecordingGrid:
     def send_and_receive(self, messages, timeout=None):
         out = []
         for m in messages:
-            reply = handle_message(m.content["pushsum"], self.contexts[m.metadata.dst_node_id], 1,
-                                   lambda i, spec, ctx: self.factory)
-            self.replies.append((str(m.content["pushsum"][MESSAGE_KEYS["action"]]), dict(reply)))
-            out.append(Message(RecordDict({"pushsum": reply}), reply_to=m))
+            content = handle_content(m.content, self.contexts[m.metadata.dst_node_id], 1,
+                                     lambda i, spec, ctx: self.factory)
+            rec = dict(content["pushsum"])
+            if MESSAGE_KEYS["payload"] in rec:  # the typed payload: JSON tree + its ArrayRecord
+                rec[MESSAGE_KEYS["payload"]] = (rec[MESSAGE_KEYS["payload"]], content.array_records.get(ARRAYS_KEY))
+            self.replies.append((str(m.content["pushsum"][MESSAGE_KEYS["action"]]), rec))
+            out.append(Message(content, reply_to=m))
         return out
 
 
 def _check_relay_reply(action: str, rec: dict, private: bool, known: set) -> None:
-    _fail_unknown(rec, {"partition_id", "device", MESSAGE_KEYS["payload"]}, "relay reply record")
+    # param_layout: names and shapes of the model's parameters (the architecture, public), for Result.arrays
+    _fail_unknown(rec, {"partition_id", "device", "param_layout", MESSAGE_KEYS["payload"]}, "relay reply record")
     if MESSAGE_KEYS["payload"] not in rec:
         return
-    body = decode(rec[MESSAGE_KEYS["payload"]])
+    body = from_records(*rec[MESSAGE_KEYS["payload"]])
     _fail_unknown(body, RELAY_REPLY, f"relay {action} reply")
     for s in body.get("shares", []):
         _check_share(s, s.k)

@@ -13,11 +13,14 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from . import wire
+
 __all__ = ["Share", "Contribution", "Node", "reduce_contributions", "REDUCE_OPS"]
 
 REDUCE_OPS = ("max", "sum", "max_pairwise_l1")
 
 
+@wire.register
 @dataclass(frozen=True)
 class Share:
     """One push-sum message from ``sender`` to ``receiver`` at iteration ``k``.
@@ -44,6 +47,7 @@ class Share:
     wire_bits: int = 0
 
 
+@wire.register
 @dataclass(frozen=True)
 class Contribution:
     """A value a node contributes to a network-wide reduction before ``local_step``.

@@ -340,6 +340,15 @@ class RayGossipBackend:
             out.update(part)
         return dict(sorted(out.items()))
 
+    def apply(self, fn: Any, node_ids: Sequence[int] | None = None) -> dict[int, Any]:
+        """``fn(node)`` (a picklable module-level function) on the nodes (default all) where they live."""
+        import ray
+
+        out: dict[int, Any] = {}
+        for part in ray.get([a.apply.remote(fn, node_ids) for a in self.hosts], timeout=max(120.0, self.timeout_s)):
+            out.update(part)
+        return dict(sorted(out.items()))
+
     def setup(self) -> None:
         """``setup()`` on every node (once, before ``k = 0``)."""
         self.wait_registered()

@@ -114,6 +114,12 @@ class _Host:
                 out[i] = _to_device(r, "cpu") if self.device != "cpu" else r
             return out
 
+    def apply(self, fn: Callable[[Any], Any], node_ids: Sequence[int] | None) -> dict[int, Any]:
+        """``fn(node)`` on the nodes held here (default all); results by node id."""
+        with self.node_lock:
+            ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
+            return {i: fn(self.nodes[i]) for i in ids}
+
     def load_states(self, states: dict[int, Any]) -> bool:
         with self.node_lock:
             for i, st in states.items():

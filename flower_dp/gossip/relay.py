@@ -2,8 +2,8 @@
 
 For deployments where nodes cannot reach each other, the coordinator (the Flower
 strategy, :mod:`flower_dp.strategies.push_sum`) routes every share.  Nothing here
-imports Flower: payloads are plain dicts of bytes/ints that the glue puts into
-``ConfigRecord`` values.
+imports Flower at module level: payloads are typed values (:mod:`flower_dp.gossip.wire`, never a pickle)
+that the glue puts into a ``ConfigRecord`` (the JSON tree) and an ``ArrayRecord`` (the arrays).
 
 One gossip iteration ``k`` is one request/reply per node ("contribute", answered with the
 node's contributions or, when it has none, directly with its shares) plus, only for
@@ -19,36 +19,90 @@ the numbers are identical.
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
-__all__ = ["encode", "decode", "handle_relay_request", "MESSAGE_KEYS"]
+from . import wire
+
+__all__ = ["encode", "decode", "to_records", "from_records", "handle_relay_request", "MESSAGE_KEYS", "ARRAYS_KEY",
+           "param_layout", "apply_initial_arrays"]
 
 #: ConfigRecord keys of the push-sum protocol (both transports).
 MESSAGE_KEYS = {
     "action": "pushsum.action",  # "register" | "contribute" | "step" | "flush" | "load"
     "k": "pushsum.k",
-    "payload": "pushsum.payload",  # bytes (encode) of the request / reply dict
-    "spec": "pushsum.spec",  # bytes (encode) of the node spec (first round)
+    "payload": "pushsum.payload",  # JSON tree (to_records) of the request / reply dict; arrays in ARRAYS_KEY
+    "spec": "pushsum.spec",  # bytes (encode, typed, no pickle) of the node spec (first round)
     "transport": "pushsum.transport",  # "ray" | "relay"
 }
+#: RecordDict key of the ArrayRecord that holds the payload's arrays
+ARRAYS_KEY = "pushsum.arrays"
 ACTIONS = ("register", "contribute", "step", "flush", "load")
 
 
 def encode(obj: Any) -> bytes:
-    """Serialize shares / contributions / states (tensors kept bit-exact) to bytes."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    """Serialize specs / node states to typed bytes (:func:`flower_dp.gossip.wire.to_bytes`; tensors bit-exact)."""
+    return wire.to_bytes(obj)
 
 
 def decode(data: bytes) -> Any:
-    """Inverse of :func:`encode` (trusted peers only: this unpickles)."""
+    """Inverse of :func:`encode`: builds plain values, arrays, tensors and allow-listed dataclasses only."""
+    return wire.from_bytes(data)
+
+
+def to_records(obj: Any) -> tuple[str, Any]:
+    """``obj`` as (JSON tree for a ``ConfigRecord`` value, ``ArrayRecord`` of its arrays) for a Flower message."""
+    from flwr.app import Array, ArrayRecord
+
+    tree, arrays = wire.pack(obj)
+    return tree, ArrayRecord({str(i): Array(a) for i, a in enumerate(arrays)})
+
+
+def from_records(tree: str, arrays: Any) -> Any:
+    """Inverse of :func:`to_records` (``arrays`` an ``ArrayRecord`` or None when the value holds no array)."""
+    if arrays is None:
+        return wire.unpack(tree, [])
+    return wire.unpack(tree, [arrays[str(i)].numpy() for i in range(len(arrays))])
+
+
+def param_layout(node: Any) -> list[list[Any]] | None:
+    """Where each trainable parameter of ``node.model`` lives in the node's flat vector: ``[[name, start, stop,
+    shape], ...]`` (public: the architecture), or None for a node without a ``model`` (e.g. the toy node)."""
+    model = getattr(node, "model", None)
+    if model is None:
+        return None
+    from flower_dp.mechanisms.flat import param_slices
+
+    shapes = dict(model.named_parameters())
+    return [[name, int(sl.start), int(sl.stop), list(shapes[name].shape)] for name, sl in param_slices(model).items()]
+
+
+def apply_initial_arrays(node: Any, arrays: dict[str, Any]) -> Any:
+    """Start ``node`` (built, not yet ``setup()``) from ``arrays`` (``name -> ndarray``, e.g. Flower's ``initial_arrays``).
+
+    A node with a ``model`` loads them as its ``state_dict`` (strict: every key, buffers too) and takes its flat
+    vector from the loaded trainable parameters; a node without one (the toy node) takes the arrays concatenated
+    in order as its flat vector.  Returns ``node``.
+    """
     import torch
 
-    return torch.load(io.BytesIO(data), weights_only=False, map_location="cpu")
+    tensors = {str(k): torch.as_tensor(v) for k, v in arrays.items()}
+    model = getattr(node, "model", None)
+    if model is not None:
+        from flower_dp.mechanisms.flat import flatten_params
+
+        try:
+            model.load_state_dict(tensors, strict=True)
+        except RuntimeError as exc:
+            raise ValueError(f"initial_arrays do not fit the nodes' model ({exc}); pass "
+                             "ArrayRecord(model.state_dict()) of the same model the ClientApp builds") from exc
+        flat = flatten_params(model)
+    else:
+        flat = torch.cat([t.reshape(-1) for t in tensors.values()]) if tensors else torch.zeros(0)
+    if flat.numel() != node.x.numel():
+        raise ValueError(f"initial_arrays hold {flat.numel()} trainable values, the node's model has d = "
+                         f"{node.x.numel()}; pass the arrays of the same model")
+    node.x = flat.detach().to(device=node.x.device, dtype=node.x.dtype).clone()
+    return node
 
 
 def handle_relay_request(node: Any, action: str, k: int, request: dict[str, Any],
