@@ -44,6 +44,7 @@ stored in the checkpoint, so the resumed run repeats the uninterrupted one exact
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import os
 import time
@@ -54,9 +55,8 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+from flwr.common import log
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.supercore import log
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from flower_dp._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
 from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
@@ -66,6 +66,8 @@ from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_sc
 from flower_dp.rng import noise_record
 from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
                                                 RoundSpec, decode_update, load_secret, payload_bytes, run_key)
+
+from . import flower_privacy as fp
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "message_bytes", "BQ_PRIVACY_NOTE"]
 
@@ -81,28 +83,60 @@ GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise 
 
 
 class GauLRQ(FedAvg):
-    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API.
+    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API; a drop-in for ``FedAvg``.
+
+    Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
+    keyword arguments, and add the mod to the ClientApp.  FedAvg's arguments mean here:
+
+    - ``fraction_train`` / ``min_train_nodes``: honoured as FedAvg would with N connected nodes: when
+      ``clients_per_round`` is not given, B = ``max(int(N * fraction_train), min_train_nodes)`` (FedAvg's
+      defaults 1.0 and 2 give B = N).  GauLRQ then samples exactly these B every round, uniformly without
+      replacement and keyed by the run secret (the sampling its accountant charges).  Values that contradict
+      ``clients_per_round``, or a ``min_available_nodes`` above N, raise one ``ValueError`` naming the
+      equivalent GauLRQ setting.
+    - ``min_available_nodes``: GauLRQ waits for exactly N SuperNodes (up to 120 s), which meets any value <= N.
+    - ``fraction_evaluate``, ``min_evaluate_nodes``, ``arrayrecord_key``, ``configrecord_key``: as in FedAvg
+      (defaults included: client-side evaluation runs every round).
+    - ``weighted_by_key``: used for metric aggregation; the model update is always averaged with weight 1/B
+      (Alg. 1 line 15: the accountant's sensitivity needs equal weights, as Flower's own accounted DP wrappers
+      require).
+    - ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: passing one publishes the clients' metrics
+      (see ``debug_metrics``), aggregated by your function over the user's MetricRecords, unaltered.
 
     Parameters
     ----------
     num_clients : int
-        N; the grid must hold exactly N SuperNodes (partition ids 0..N-1).
-    clients_per_round : int
-        B, sampled uniformly without replacement each round; the aggregate is ``(1/B) sum hat_D``.
+        N; the grid must hold exactly N SuperNodes (partition ids 0..N-1).  With ``accountant`` it defaults to
+        the accountant's ``population_size``.
+    clients_per_round : int or None
+        B, sampled uniformly without replacement each round; the aggregate is ``(1/B) sum hat_D``.  None: from
+        ``fraction_train`` / ``min_train_nodes`` as above.
     clip : float
         S2, L2 bound on one client's update (ignored by ``method="none"``).
-    num_rounds : int
-        K, the planned rounds (the schedule and the calibration are for K rounds).
+    num_rounds : int or None
+        K, the planned rounds (the schedule and the calibration are for K rounds).  None: ``start``'s
+        ``num_rounds`` (give it once, in either place; given in both, ``start`` runs at most K rounds).
     epsilon, delta : float
-        Client-level budget of the whole run (``method="none"``: ignored).
+        Client-level budget of the whole run (``method="none"``: ignored).  With ``accountant`` they default to
+        its ``max_epsilon`` and ``target_delta``.
     method : {"lrq", "gaussian", "qg", "bq", "none"}
     tau : float in (0, 1]
         1: fixed scheme; < 1: Dynamic Gau-LRQ (z_k proportional to tau^(k/4), §6).
     noise_multiplier : float or None
         Fixed z for "budget-stop" mode: train until the next round would exceed the budget.
-        None: z is calibrated so that K rounds spend exactly the budget.
+        None: z is calibrated so that K rounds spend exactly the budget.  z is the std of the noise on the SUM
+        of the B clipped updates over S2: the same number as the ``noise_multiplier`` of Flower's DP wrappers
+        (noise ``z C`` on the sum); Flower's ``GaussianPrivacyEvent`` of a GauLRQ round has ``z / 2`` (the
+        replace-one sensitivity of the sum is 2 S2; :mod:`flower_dp.strategies.flower_privacy`).
     calibration : {"rigorous", "paper"}
         ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
+    accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.42)
+        Flower's accountant (e.g. ``flwr.serverapp.RdpAccountant(PrivacyConfig(...))``), as Flower's DP wrappers
+        take it: each round is checked (``would_exceed`` its ``max_epsilon`` raises Flower's
+        ``PrivacyBudgetExhausted`` from ``configure_train``) and composed after aggregation, so
+        ``privacy_spent()`` answers from it.  Accepted configurations and what each computes: the table in
+        :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).  GauLRQ's own
+        rigorous eps, never above Flower's, is reported beside it and still stops the run at ``epsilon``.
     secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
     server_lr : float, server step on the average (paper: 1).
     bq_bits : int, BQ-SGD's public bit width.
@@ -122,32 +156,59 @@ class GauLRQ(FedAvg):
         reveal part of the secret B-of-N sample).  True (or passing your own ``train_metrics_aggr_fn`` /
         ``evaluate_metrics_aggr_fn``: your aggregate, your responsibility) publishes them and the results say
         ``"uncharged_statistics_released": true``.
-    **fedavg_kwargs : fraction_evaluate, min_evaluate_nodes, train/evaluate_metrics_aggr_fn, ...
+    fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes, weighted_by_key,
+    arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn : FedAvg's, see above.
+
+    ``start`` returns Flower's ``Result``; ``result.evaluate_metrics_serverapp[r]`` holds, besides
+    ``evaluate_fn``'s metrics, the privacy spent after round r: ``eps_rigorous`` (``eps_heuristic`` for BQ-SGD),
+    ``eps_paper`` (the paper's closed form, not a bound) and, with ``accountant``, ``eps_flower``.
     """
 
-    def __init__(self, *, num_clients: int, clients_per_round: int, clip: float, num_rounds: int,
-                 epsilon: float | None = None, delta: float = 1e-5, method: str = "lrq", tau: float = 1.0,
-                 noise_multiplier: float | None = None, calibration: str = "rigorous", secret: bytes | None = None,
-                 secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4, layer_dtype: str = "float64",
-                 out_dir: str | Path | None = None, keep_decoded: bool = False, stream_nonce: str | None = None,
-                 resume: bool = False, run_info: dict | None = None, debug_metrics: bool = False,
-                 reproducible: bool = False, **fedavg_kwargs) -> None:
-        self.N = check_int("num_clients", num_clients, minimum=1)
-        self.B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=self.N)
-        for name in ("fraction_train", "min_train_nodes", "min_available_nodes"):
-            if name in fedavg_kwargs:
-                raise ValueError(f"GauLRQ samples exactly clients_per_round = B of num_clients = N (the accountant's "
-                                 f"sampling), got {name}={fedavg_kwargs[name]!r}; set clients_per_round instead")
-        fedavg_kwargs.setdefault("fraction_evaluate", 0.0)
-        self.debug_metrics = bool(debug_metrics)
-        # client metrics are published only on an explicit opt-in (debug, or the user's own aggregation function)
-        self.publish_train_metrics = self.debug_metrics or "train_metrics_aggr_fn" in fedavg_kwargs
-        self.publish_evaluate_metrics = self.debug_metrics or "evaluate_metrics_aggr_fn" in fedavg_kwargs
-        super().__init__(fraction_train=self.B / self.N, min_train_nodes=self.B, min_available_nodes=self.N,
-                         **fedavg_kwargs)
-        self.K = check_int("num_rounds", num_rounds, minimum=1)
+    def __init__(self, *, num_clients: int | None = None, clients_per_round: int | None = None,
+                 clip: float | None = None, num_rounds: int | None = None, epsilon: float | None = None,
+                 delta: float | None = None, method: str = "lrq", tau: float = 1.0,
+                 noise_multiplier: float | None = None, calibration: str = "rigorous", accountant=None,
+                 secret: bytes | None = None, secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4,
+                 layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
+                 stream_nonce: str | None = None, resume: bool = False, run_info: dict | None = None,
+                 debug_metrics: bool = False, reproducible: bool = False,
+                 fraction_train: float | None = None, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None) -> None:
         self.method = check_choice("method", method, METHODS)
         self.private = method != "none"
+        self.accountant = accountant
+        if accountant is not None:
+            if not self.private or method in HEURISTIC_METHODS:
+                raise ValueError(f"accountant= needs a method with a DP proof ('lrq', 'gaussian', 'qg'), got "
+                                 f"method={method!r}; Flower's accountant would report a guarantee that does not "
+                                 "exist; drop accountant")
+            cfg = accountant.config
+            num_clients = cfg.population_size if num_clients is None else num_clients
+            epsilon = cfg.max_epsilon if epsilon is None else epsilon
+            delta = cfg.target_delta if delta is None else delta
+        if num_clients is None:
+            raise ValueError("num_clients (N, the number of SuperNodes the accountant samples from) is required, got "
+                             "None; pass num_clients=N (or accountant= with PrivacyConfig(population_size=N))")
+        if clip is None and self.private:
+            raise ValueError(f"clip (S2, the L2 bound on one client's update) is required for method={method!r}, got "
+                             "None; pass clip=")
+        self.N = check_int("num_clients", num_clients, minimum=1)
+        self.B = self._resolve_sample_size(clients_per_round, fraction_train, min_train_nodes, min_available_nodes)
+        if accountant is not None:
+            fp.check_accountant(accountant, population_size=self.N, fixed_size=True, adjacency="replace_one")
+        self.debug_metrics = bool(debug_metrics)
+        # client metrics are published only on an explicit opt-in (debug, or the user's own aggregation function)
+        self.publish_train_metrics = self.debug_metrics or train_metrics_aggr_fn is not None
+        self.publish_evaluate_metrics = self.debug_metrics or evaluate_metrics_aggr_fn is not None
+        super().__init__(fraction_train=self.B / self.N, fraction_evaluate=fraction_evaluate,
+                         min_train_nodes=self.B, min_evaluate_nodes=min_evaluate_nodes, min_available_nodes=self.N,
+                         weighted_by_key=weighted_by_key, arrayrecord_key=arrayrecord_key,
+                         configrecord_key=configrecord_key, train_metrics_aggr_fn=train_metrics_aggr_fn,
+                         evaluate_metrics_aggr_fn=evaluate_metrics_aggr_fn)
         self.clip = check_positive("clip", clip) if self.private else float("inf")
         self.server_lr = check_positive("server_lr", server_lr)
         self.bq_bits = check_int("bq_bits", bq_bits, minimum=2, maximum=16)
@@ -165,19 +226,18 @@ class GauLRQ(FedAvg):
         # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
         self.stream_nonce = os.urandom(8).hex() if stream_nonce is None else str(stream_nonce)
         self._run_key = run_key(self._secret, self.stream_nonce)
-        self.delta = check_delta(delta)
+        self.delta = check_delta(1e-5 if delta is None else delta)
         if self.private:
             if epsilon is None:
                 raise ValueError(f"epsilon is required for method={method!r}, got None; or use method='none'")
             self.epsilon = check_epsilon(epsilon)
-            self.schedule = gau_lrq_schedule(epsilon=self.epsilon, delta=self.delta, num_rounds=self.K, B=self.B,
-                                             N=self.N, tau=tau, calibration=calibration,
-                                             noise_multiplier=noise_multiplier)
-            for w in self.schedule.warnings:
-                log(WARNING, "GauLRQ: %s", w)
         else:
-            self.epsilon, self.schedule = None, None
+            self.epsilon = None
         self.tau, self.calibration, self.noise_multiplier = float(tau), calibration, noise_multiplier
+        self.K: int | None = None
+        self.schedule: Schedule | None = None
+        if num_rounds is not None:
+            self._plan(num_rounds)
         self.rounds: list[dict] = []
         self.decoded: dict[int, dict[int, np.ndarray]] = {}
         self.dropout_noise: dict[int, np.ndarray] = {}
@@ -185,6 +245,54 @@ class GauLRQ(FedAvg):
         self.initial_evaluate: dict | None = None
         self.stop_reason = "not started"
         self._pending: dict | None = None
+
+    def _resolve_sample_size(self, clients_per_round, fraction_train, min_train_nodes, min_available_nodes) -> int:
+        """B from GauLRQ's ``clients_per_round`` or FedAvg's rule; one error listing every contradiction."""
+        N = self.N
+        if fraction_train is not None:
+            fraction_train = float(fraction_train)
+            if not 0.0 < fraction_train <= 1.0:
+                raise ValueError(f"fraction_train must be in (0, 1], got {fraction_train}; GauLRQ trains B >= 1 "
+                                 f"clients every round (set clients_per_round=B of num_clients={N})")
+        fedavg_b = None
+        if fraction_train is not None or min_train_nodes is not None:
+            mt = min(2, N) if min_train_nodes is None else check_int("min_train_nodes", min_train_nodes, minimum=0)
+            fedavg_b = max(int(N * (1.0 if fraction_train is None else fraction_train)), mt)
+        problems = []
+        if clients_per_round is None:
+            B = fedavg_b if fedavg_b is not None else N  # FedAvg's defaults (fraction_train=1.0): every node
+            if B > N:
+                problems.append(f"min_train_nodes={min_train_nodes} is above num_clients={N}")
+        else:
+            B = check_int("clients_per_round", clients_per_round, minimum=1, maximum=N)
+            if fraction_train is not None and fedavg_b != B:
+                problems.append(f"fraction_train={fraction_train} (FedAvg would train max(int({N} * {fraction_train}), "
+                                f"{min_train_nodes if min_train_nodes is not None else min(2, N)}) = {fedavg_b} of "
+                                f"{N} nodes) contradicts clients_per_round={B}")
+            elif min_train_nodes is not None and min_train_nodes > B:
+                problems.append(f"min_train_nodes={min_train_nodes} is above clients_per_round={B}")
+        if min_available_nodes is not None and min_available_nodes > N:
+            problems.append(f"min_available_nodes={min_available_nodes} is above num_clients={N} (GauLRQ waits for "
+                            f"exactly num_clients SuperNodes)")
+        if problems:
+            raise ValueError("GauLRQ trains exactly clients_per_round = B of num_clients = N SuperNodes every round "
+                             "(uniformly without replacement: the sampling its accountant charges), got "
+                             + "; ".join(problems) + "; set clients_per_round=B and num_clients=N (the number of "
+                             "SuperNodes) and drop fraction_train / min_train_nodes / min_available_nodes")
+        if B < 1:
+            raise ValueError(f"fraction_train={fraction_train} gives no client to train (B = 0 of num_clients={N}), "
+                             "got B = 0; set clients_per_round >= 1")
+        return B
+
+    def _plan(self, num_rounds: int) -> None:
+        """Fix K and the noise schedule (calibrated to ``epsilon`` over K rounds, or the fixed z)."""
+        self.K = check_int("num_rounds", num_rounds, minimum=1)
+        if self.private:
+            self.schedule = gau_lrq_schedule(epsilon=self.epsilon, delta=self.delta, num_rounds=self.K, B=self.B,
+                                             N=self.N, tau=self.tau, calibration=self.calibration,
+                                             noise_multiplier=self.noise_multiplier)
+            for w in self.schedule.warnings:
+                log(WARNING, "GauLRQ: %s", w)
 
     # ------------------------------------------------------------------ schedule
     @property
@@ -200,14 +308,38 @@ class GauLRQ(FedAvg):
         return RoundSpec(self.method, k, self.sigma(k), self.clip, self.bq_bits, self.layer_dtype)
 
     def summary(self) -> None:
-        log(INFO, "\t├──> GauLRQ: method %s (%s), N=%d, B=%d, K=%d, S2=%s", self.method, PAPER_NAMES[self.method],
+        log(INFO, "\t├──> GauLRQ: method %s (%s), N=%d, B=%d, K=%s, S2=%s", self.method, PAPER_NAMES[self.method],
             self.N, self.B, self.K, self.clip)
         if self.schedule is not None:
             log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (%s plan %.4g, paper %.4g)",
                 self.schedule.z[0], self.schedule.z[-1], self.epsilon,
                 "heuristic (no DP proof)" if self.method in HEURISTIC_METHODS else "rigorous", self.schedule.eps_rigorous,
                 self.schedule.eps_paper)
+        if self.accountant is not None:
+            now = self.accountant.get_privacy_spent()
+            log(INFO, "\t├──> Privacy spent (Flower's accountant): epsilon=%.6f at delta=%g", now.epsilon, now.delta)
         super().summary()
+
+    def privacy_spent(self):
+        """The privacy spent so far, as Flower's DP strategies answer it (a ``PrivacySpent``).
+
+        With ``accountant``: Flower's accountant's answer (RDP of the events GauLRQ composed, at its
+        ``target_delta``).  Without: GauLRQ's own rigorous client-level eps at ``delta`` (``accounting_method``
+        says which bound); for BQ-SGD the variance-matched heuristic (no DP proof); None for ``method="none"``.
+        """
+        if self.accountant is not None:
+            return self.accountant.get_privacy_spent()
+        if not self.private:
+            return None
+        eps = self.schedule.eps_after(len(self.rounds), self.delta) if self.schedule is not None else 0.0
+        how = ("heuristic: variance-matched Gaussian, no DP proof" if self.method in HEURISTIC_METHODS else
+               "flower-dp: min(PLD, RDP) of B-of-N sampling, replace-one client")
+        return fp.spent(eps, self.delta, len(self.rounds), how)
+
+    def _flower_event(self, k: int):
+        """Flower's event of round k: B of N, noise z_k S2 on the sum, replace-one (multiplier z_k / 2)."""
+        return fp.gaussian_event(float(self.schedule.z[k]), sample_size=self.B, population_size=self.N,
+                                 adjacency="replace_one")
 
     # ------------------------------------------------------------------ train
     def _sample(self, k: int, node_ids: list[int]) -> list[int]:
@@ -220,20 +352,29 @@ class GauLRQ(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
                         ) -> Iterable[Message]:
-        """Charge round k's privacy (raises BudgetExceededError before any noise), sample B clients, send theta_k."""
+        """Charge round k's privacy (raises BudgetExhausted before any noise), sample B clients, send theta_k.
+
+        ``BudgetExhausted`` is both flower-dp's ``BudgetExceededError`` and Flower's ``PrivacyBudgetExhausted``
+        (Flower >= 1.42); :meth:`start` catches it and stops cleanly with the results saved.
+        """
         k = server_round - 1
+        if self.K is None:
+            raise ValueError("GauLRQ has no planned number of rounds, got num_rounds=None; pass num_rounds to GauLRQ "
+                             "or call start(num_rounds=...)")
         if k >= self.K:
-            raise BudgetExceededError(f"round {server_round} is beyond the planned K = {self.K} rounds the schedule "
+            raise fp.BudgetExhausted(f"round {server_round} is beyond the planned K = {self.K} rounds the schedule "
                                       f"was calibrated for, got num_rounds > K; raise num_rounds in GauLRQ", step=k)
         eps_after = self.schedule.eps_after(k + 1, self.delta) if self.schedule is not None else float("inf")
         if self.private and eps_after > self.epsilon * (1 + 1e-9):
-            raise BudgetExceededError(
+            raise fp.BudgetExhausted(
                 f"round {server_round}: it would bring the client-level "
                 f"{'heuristic eps (no DP proof)' if self.method in HEURISTIC_METHODS else 'eps'} to {eps_after:.4g}, "
                 "above the budget "
                 f"eps = {self.epsilon} at delta = {self.delta}; the run stops here with its results saved "
                 "(raise epsilon or the noise multiplier to train longer)",
                 step=k, epsilon_spent=self.schedule.eps_after(k, self.delta), epsilon_limit=self.epsilon)
+        event = self._flower_event(k) if self.accountant is not None else None
+        fp.check_budget(self.accountant, event, where=f"GauLRQ round {server_round}")
         node_ids = self._wait_for_nodes(grid)
         sampled = self._sample(k, node_ids)
         spec = self.round_spec(k)
@@ -242,7 +383,7 @@ class GauLRQ(FedAvg):
                     KEYS["sigma"]: spec.sigma, KEYS["clip"]: spec.clip, KEYS["bq_bits"]: spec.bq_bits,
                     KEYS["layer_dtype"]: spec.layer_dtype, KEYS["nonce"]: self.stream_nonce})
         self._pending = {"k": k, "spec": spec, "sampled": sampled, "theta": [a.numpy() for a in arrays.values()],
-                         "names": list(arrays.keys()), "eps": eps_after}
+                         "names": list(arrays.keys()), "eps": eps_after, "event": event}
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
         msgs = [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in sampled]
         self._pending["downlink"] = sum(message_bytes(m) for m in msgs)
@@ -274,6 +415,7 @@ class GauLRQ(FedAvg):
         replies = list(replies)
         valid = [m for m in replies if not m.has_error()]
         failed = [int(m.metadata.src_node_id) for m in replies if m.has_error()]
+        log(INFO, "aggregate_train: Received %s results and %s failures", len(valid), len(replies) - len(valid))
         for m in replies:
             if m.has_error():
                 log(WARNING, "GauLRQ round %d: node %d replied with an error, dropped from the average: %s",
@@ -346,6 +488,12 @@ class GauLRQ(FedAvg):
                **self._eps_fields(p["eps"]), "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
                if self.schedule is not None else float("inf"),
                "train_metrics": None if metrics is None else dict(metrics)}
+        if self.private:
+            log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d releases (flower-dp, %s; paper's formula %.6f)",
+                p["eps"], self.delta, p["k"] + 1, "heuristic, no DP proof" if self.method in HEURISTIC_METHODS else
+                "rigorous", rec["eps_paper"])
+        if p["event"] is not None:  # the release happened: compose it into Flower's accountant (as its DP wrappers)
+            rec["eps_flower"] = float(fp.compose(self.accountant, p["event"]).epsilon)
         self.rounds.append(rec)
         return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
 
@@ -362,16 +510,34 @@ class GauLRQ(FedAvg):
         return np.random.Generator(np.random.Philox(int.from_bytes(seed, "little")))
 
     # ------------------------------------------------------------------ loop
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
-        """Flower's template loop, stopping cleanly (results saved) when the budget is spent.
+        """Flower's template loop (FedAvg's signature, logging and summary), stopping cleanly when the budget is spent.
 
-        With ``out_dir`` a checkpoint is written after every round; with ``resume=True`` the loop
-        continues from it (``initial_arrays`` is then only used when no round was completed).  If
-        anything raises, the results so far are saved with ``stop_reason = "failed: ..."`` and the
-        exception propagates.
+        ``num_rounds``: None runs the K rounds given to GauLRQ (Flower's default 3 when neither is given); a
+        GauLRQ built without ``num_rounds`` plans its schedule for this many rounds.  The budget stop (the next
+        round would exceed ``epsilon``, Flower's accountant's ``max_epsilon``, or K) ends the loop with the
+        results saved and ``stop_reason = "budget: ..."``; ``Result`` holds the rounds done.  Per round,
+        ``result.evaluate_metrics_serverapp[r]`` gets the privacy spent (class docstring) beside ``evaluate_fn``'s
+        metrics.  With ``out_dir`` a checkpoint is written after every round; with ``resume=True`` the loop
+        continues from it (``initial_arrays`` is then only used when no round was completed).  If anything else
+        raises, the results so far are saved with ``stop_reason = "failed: ..."`` and the exception propagates.
         """
+        if num_rounds is None:
+            num_rounds = self.K if self.K is not None else 3
+        num_rounds = check_int("num_rounds", num_rounds, minimum=1)
+        if self.K is None:
+            self._plan(num_rounds)
+        log(INFO, "Starting %s strategy:", self.__class__.__name__)
+        _log_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+        self.summary()
+        log(INFO, "")
+        if self.fraction_evaluate > 0 and not self.publish_evaluate_metrics:
+            log(WARNING, "GauLRQ: client-side evaluation runs (fraction_evaluate=%s) but its aggregated metrics are "
+                "not published: they are statistics of the clients' private data that eps does not cover; pass "
+                "evaluate_metrics_aggr_fn (or debug_metrics=True) to publish them, or fraction_evaluate=0.0 to skip "
+                "client-side evaluation", self.fraction_evaluate)
         train_config = ConfigRecord() if train_config is None else train_config
         evaluate_config = ConfigRecord() if evaluate_config is None else evaluate_config
         arrays, first = initial_arrays, 1
@@ -381,36 +547,48 @@ class GauLRQ(FedAvg):
         result = Result(arrays=arrays)
         self._fill_result(result)
         self.stop_reason = "running"
+        t_start = time.time()
         try:
             if evaluate_fn and first == 1:
                 res = evaluate_fn(0, arrays)
+                log(INFO, "Initial global evaluation results: %s", res)
                 if res is not None:
                     self.initial_evaluate = dict(res)
                     result.evaluate_metrics_serverapp[0] = res
             for rnd in range(first, num_rounds + 1):
+                log(INFO, "")
+                log(INFO, "[ROUND %s/%s]", rnd, num_rounds)
                 try:
                     messages = list(self.configure_train(rnd, arrays, train_config, grid))
                 except BudgetExceededError as exc:
                     self.stop_reason = f"budget: {exc}"
                     log(INFO, "GauLRQ: stopping before round %d: %s", rnd, exc)
                     break
+                log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(messages), self.N)
                 replies = grid.send_and_receive(messages=messages, timeout=timeout)
                 agg, train_metrics = self.aggregate_train(rnd, replies)
                 if agg is not None:
                     result.arrays = arrays = agg
                 if train_metrics is not None:
+                    log(INFO, "\t└──> Aggregated MetricRecord: %s", train_metrics)
                     result.train_metrics_clientapp[rnd] = train_metrics
                 ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
                                                    timeout=timeout)
                 ev = self.aggregate_evaluate(rnd, ev_replies)
                 if ev is not None and self.publish_evaluate_metrics:
+                    log(INFO, "\t└──> Aggregated MetricRecord: %s", ev)
                     result.evaluate_metrics_clientapp[rnd] = ev
                     self.rounds[-1]["evaluate_clientapp"] = dict(ev)
+                res = None
                 if evaluate_fn:
+                    log(INFO, "Global evaluation")
                     res = evaluate_fn(rnd, arrays)
+                    log(INFO, "\t└──> MetricRecord: %s", res)
                     if res is not None:
-                        result.evaluate_metrics_serverapp[rnd] = res
                         self.rounds[-1]["evaluate_serverapp"] = dict(res)
+                server = self._server_metrics(self.rounds[-1])
+                if server is not None:
+                    result.evaluate_metrics_serverapp[rnd] = server
                 self.save_results(arrays)
             else:
                 self.stop_reason = "completed"
@@ -419,7 +597,28 @@ class GauLRQ(FedAvg):
             self.save_results()  # the checkpoint of the last completed round stays as it was
             raise
         self.save_results(arrays)
+        log(INFO, "")
+        log(INFO, "Strategy execution finished in %.2fs", time.time() - t_start)
+        log(INFO, "")
+        log(INFO, "Final results:")
+        log(INFO, "")
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        log(INFO, "")
         return result
+
+    def _privacy_metrics(self, rec: dict) -> dict:
+        """The privacy spent after a round (its record): eps_rigorous / eps_heuristic, eps_paper, eps_flower."""
+        if not self.private:
+            return {}
+        out = {k: float(rec[k]) for k in ("eps_rigorous", "eps_heuristic", "eps_paper", "eps_flower")
+               if rec.get(k) is not None}
+        return out
+
+    def _server_metrics(self, rec: dict) -> MetricRecord | None:
+        """``evaluate_metrics_serverapp[r]``: ``evaluate_fn``'s metrics of round r plus the privacy spent."""
+        merged = {**(rec.get("evaluate_serverapp") or {}), **self._privacy_metrics(rec)}
+        return MetricRecord(merged) if merged else None
 
     # ------------------------------------------------------------------ checkpoints
     def _fingerprint(self) -> dict:
@@ -460,6 +659,9 @@ class GauLRQ(FedAvg):
                                   "checkpointed run; use the same secret file")
         self.rounds = list(ck["rounds"])
         self.initial_evaluate = ck.get("initial_evaluate")
+        if self.accountant is not None and self.accountant.num_releases == 0:  # Flower's accountant is not checkpointed
+            for r in self.rounds:
+                self.accountant.compose(self._flower_event(r["k"]))
         if not self.rounds:
             return initial_arrays, 1
         return ArrayRecord({n: _array(a) for n, a in zip(ck["names"], ck["arrays"])}), len(self.rounds) + 1
@@ -469,10 +671,13 @@ class GauLRQ(FedAvg):
         if self.initial_evaluate is not None:
             result.evaluate_metrics_serverapp[0] = MetricRecord(self.initial_evaluate)
         for r in self.rounds:
-            for key, attr in (("train_metrics", "train_metrics_clientapp"), ("evaluate_serverapp",
-                              "evaluate_metrics_serverapp"), ("evaluate_clientapp", "evaluate_metrics_clientapp")):
+            for key, attr in (("train_metrics", "train_metrics_clientapp"),
+                              ("evaluate_clientapp", "evaluate_metrics_clientapp")):
                 if r.get(key) is not None:
                     getattr(result, attr)[r["round"]] = MetricRecord(r[key])
+            server = self._server_metrics(r)
+            if server is not None:
+                result.evaluate_metrics_serverapp[r["round"]] = server
 
     def results(self) -> dict:
         """Config (no secret), per-round records and totals, JSON-serialisable.
@@ -538,8 +743,29 @@ class GauLRQ(FedAvg):
 
 
 def message_bytes(msg: Message) -> int:
-    """Bytes of ``msg`` as Flower serializes it for transport: all its deflated objects (metadata, records, arrays)."""
-    return int(sum(len(o.deflate()) for o in get_all_nested_objects(msg).values()))
+    """Bytes of ``msg`` as Flower serializes it for transport: all its deflated objects (metadata, records, arrays).
+
+    Walks the public ``children`` / ``deflate()`` of Flower's message objects; each object is counted once
+    (by ``object_id``), as Flower ships it once.
+    """
+    seen: dict[str, int] = {}
+    todo = [msg]
+    while todo:
+        obj = todo.pop()
+        if obj.object_id in seen:
+            continue
+        seen[obj.object_id] = len(obj.deflate())
+        todo.extend((obj.children or {}).values())
+    return int(sum(seen.values()))
+
+
+def _log_start_info(num_rounds: int, arrays: ArrayRecord, train_config: ConfigRecord | None,
+                    evaluate_config: ConfigRecord | None) -> None:
+    """The lines Flower's ``Strategy.start`` logs before its summary."""
+    log(INFO, "\t├── Number of rounds: %d", num_rounds)
+    log(INFO, "\t├── ArrayRecord (%.2f MB)", sum(len(a.data) for a in arrays.values()) / (1024 ** 2))
+    for name, cfg in (("train", train_config), ("evaluate", evaluate_config)):
+        log(INFO, "\t├── ConfigRecord (%s): %s", name, dict(cfg) if cfg else "(empty!)")
 
 
 def _array(v: np.ndarray):

@@ -1,0 +1,172 @@
+"""Flower's own privacy-accounting API, as flower-dp's strategies report to it (public Flower API only).
+
+What exists (read from the installed Flower's source)
+----------------------------------------------------
+Flower 1.42 exports from ``flwr.serverapp``: ``PrivacyAccountant`` (a Protocol: ``compose``,
+``would_exceed``, ``get_privacy_spent``, ``state_dict``...), ``PrivacyConfig`` (``target_delta``,
+``population_size``, ``neighboring_relation``, ``sampling_method``, ``max_epsilon``), ``PrivacySpent``,
+``GaussianPrivacyEvent(noise_multiplier, sample_size, population_size)``, ``NeighboringRelation``,
+``SamplingMethod`` and ``RdpAccountant`` (dp-accounting's RDP behind Flower's types); and
+``flwr.serverapp.exception.PrivacyBudgetExhausted`` (an ``AppExitException``: a ServerApp that lets it
+escape exits with Flower's "strategy precondition unmet" code).  Flower's DP wrappers
+(``DifferentialPrivacy*FixedClipping(..., accountant=...)``) check ``would_exceed`` in ``configure_train``,
+raise ``PrivacyBudgetExhausted`` there, compose after aggregation, and answer ``privacy_spent()``.
+Flower 1.41 has none of this: :data:`FLOWER_PRIVACY_API` is then False, :class:`BudgetExhausted` is a
+plain :class:`~flower_dp.errors.BudgetExceededError`, and strategies report their own eps only.
+
+Noise-multiplier convention (the one thing to get right)
+-------------------------------------------------------
+flower-dp's ``z`` (GauLRQ's ``z_k``) and Flower's DP wrappers' ``noise_multiplier`` are the same number:
+the released SUM of the clipped updates carries ``N(0, (z C)^2 I)`` (Flower adds ``z C / m`` to the
+mean of m updates, i.e. ``z C`` on the sum; GauLRQ's per-client std is ``z S2 / sqrt(B)``, i.e. ``z S2``
+on the sum).  Flower's ``GaussianPrivacyEvent.noise_multiplier``, however, is dp-accounting's: the noise
+std divided by the L2 *sensitivity of the sum under the configured neighbouring relation*.  Under
+add/remove one client the sum moves by C, so the event's multiplier is ``z``; under replace-one (GauLRQ's
+relation: exactly B of N clients are sampled, so a neighbour replaces a client) the sum moves by 2C and
+the event's multiplier is ``z / 2``.  Feeding ``z`` to a replace-one accountant understates eps (20 of 5,
+z = 1.5, 4 rounds: 3.38 instead of the true 6.92).  :func:`event_noise_multiplier` does the conversion.
+
+Which of Flower's configurations compute a valid bound for GauLRQ (B of N without replacement,
+replace-one), all fed ``z / 2``:
+
+====================  ====================  =====================================================
+sampling_method       neighboring_relation  what Flower's RdpAccountant computes
+====================  ====================  =====================================================
+poisson               add-or-remove-one     PoissonSampled(B/N, Gaussian(z/2)): the dominating pair
+                                            of fixed-size sampling under replace-one (Zhu, Dong,
+                                            Wang 2022); equals flower-dp's RDP bound; recommended
+without-replacement   replace-one           SampledWithoutReplacement(N, B, Gaussian(z/2)) (Wang,
+                                            Balle, Kasiviswanathan 2019): valid, much looser at
+                                            small q (paper MNIST setting: 290.5 against 58.6)
+no-amplification      add-or-remove-one     Gaussian(z/2), sampling ignored: valid, loosest
+====================  ====================  =====================================================
+
+flower-dp's own rigorous eps (``eps_rigorous``) is the smaller of its PLD and RDP bounds of the same
+mechanism, so it is never above Flower's number; both are reported.  Flower's accountant uses RDP only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from logging import INFO
+
+from flwr.common import log
+
+from flower_dp._checks import check_choice
+from flower_dp.errors import BudgetExceededError
+
+try:  # Flower >= 1.42
+    from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacySpent, SamplingMethod
+    from flwr.serverapp.exception import PrivacyBudgetExhausted
+
+    FLOWER_PRIVACY_API = True
+except ImportError:  # Flower 1.41: no accounting API
+    GaussianPrivacyEvent = NeighboringRelation = SamplingMethod = PrivacyBudgetExhausted = None  # type: ignore
+    FLOWER_PRIVACY_API = False
+
+    @dataclass(frozen=True)
+    class PrivacySpent:  # type: ignore[no-redef]
+        """Stand-in with the fields of Flower's ``PrivacySpent`` (Flower without the accounting API)."""
+
+        epsilon: float
+        delta: float
+        num_releases: int
+        accounting_method: str
+        optimal_order: float | None = None
+
+
+__all__ = ["FLOWER_PRIVACY_API", "BudgetExhausted", "PrivacySpent", "event_noise_multiplier", "gaussian_event",
+           "check_accountant", "check_budget", "compose", "spent", "ADJACENCIES"]
+
+ADJACENCIES = ("replace_one", "add_remove")
+
+if FLOWER_PRIVACY_API:
+    class BudgetExhausted(BudgetExceededError, PrivacyBudgetExhausted):  # type: ignore[misc,valid-type]
+        """The next release would exceed the budget: flower-dp's ``BudgetExceededError`` and Flower's
+        ``PrivacyBudgetExhausted`` at once (``except`` either)."""
+
+        def __init__(self, message: str, **fields) -> None:
+            BudgetExceededError.__init__(self, message, **fields)
+else:
+    class BudgetExhausted(BudgetExceededError):  # type: ignore[no-redef]
+        """The next release would exceed the budget (Flower without ``PrivacyBudgetExhausted``)."""
+
+
+def event_noise_multiplier(z: float, *, adjacency: str) -> float:
+    """Flower's ``GaussianPrivacyEvent.noise_multiplier`` of a release whose sum carries ``N(0, (z C)^2 I)``.
+
+    ``adjacency="replace_one"`` (the sum moves by 2C): ``z / 2``; ``"add_remove"`` (by C): ``z``.
+    """
+    check_choice("adjacency", adjacency, ADJACENCIES)
+    return float(z) / 2.0 if adjacency == "replace_one" else float(z)
+
+
+def gaussian_event(z: float, *, sample_size: int, population_size: int, adjacency: str = "replace_one"):
+    """Flower's event for one release: ``sample_size`` of ``population_size`` clients, noise ``z C`` on the sum."""
+    _require_api()
+    return GaussianPrivacyEvent(noise_multiplier=event_noise_multiplier(z, adjacency=adjacency),
+                                sample_size=int(sample_size), population_size=int(population_size))
+
+
+def check_accountant(accountant, *, population_size: int, fixed_size: bool, adjacency: str = "replace_one") -> None:
+    """Refuse a Flower accountant whose configuration would not give a valid bound for our mechanism.
+
+    ``fixed_size``: exactly ``sample_size`` of ``population_size`` clients per release (GauLRQ).  See the
+    module docstring's table for what each accepted configuration computes.
+    """
+    _require_api()
+    check_choice("adjacency", adjacency, ADJACENCIES)
+    cfg = accountant.config
+    if cfg.population_size != population_size:
+        raise ValueError(f"the Flower accountant's PrivacyConfig.population_size must equal the number of clients "
+                         f"{population_size}, got {cfg.population_size}; build PrivacyConfig(population_size="
+                         f"{population_size}, ...)")
+    pair = (cfg.sampling_method, cfg.neighboring_relation)
+    valid = {(SamplingMethod.NO_AMPLIFICATION, NeighboringRelation.ADD_OR_REMOVE_ONE)}
+    if fixed_size and adjacency == "replace_one":
+        valid |= {(SamplingMethod.POISSON, NeighboringRelation.ADD_OR_REMOVE_ONE),
+                  (SamplingMethod.WITHOUT_REPLACEMENT, NeighboringRelation.REPLACE_ONE)}
+    elif not fixed_size and adjacency == "add_remove":
+        valid |= {(SamplingMethod.POISSON, NeighboringRelation.ADD_OR_REMOVE_ONE)}
+    if pair not in valid:
+        raise ValueError(f"the Flower accountant's (sampling_method, neighboring_relation) must be one of "
+                         f"{sorted((s.value, r.value) for s, r in valid)} for this mechanism, got "
+                         f"({cfg.sampling_method.value}, {cfg.neighboring_relation.value}); use "
+                         "PrivacyConfig(sampling_method=SamplingMethod.POISSON, "
+                         "neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE, ...) (the tightest)")
+
+
+def check_budget(accountant, event, *, where: str) -> None:
+    """Raise :class:`BudgetExhausted` (Flower's ``PrivacyBudgetExhausted``) if ``event`` would exceed the
+    accountant's ``max_epsilon``; nothing is composed.  No ``max_epsilon``: no check."""
+    if accountant is None or accountant.config.max_epsilon is None:
+        return
+    if accountant.would_exceed(event):
+        now = accountant.get_privacy_spent()
+        raise BudgetExhausted(f"{where}: the next release would bring Flower's accountant ({now.accounting_method}) "
+                              f"above max_epsilon = {accountant.config.max_epsilon} at delta = {now.delta}, got "
+                              f"epsilon = {now.epsilon:.6g} after {now.num_releases} releases; raise max_epsilon or "
+                              "the noise multiplier to train longer", epsilon_spent=now.epsilon,
+                              epsilon_limit=accountant.config.max_epsilon)
+
+
+def compose(accountant, event):
+    """Compose one release into Flower's accountant and log Flower's "Privacy spent" line; its ``PrivacySpent``."""
+    accountant.compose(event)
+    now = accountant.get_privacy_spent()
+    log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d releases", now.epsilon, now.delta, now.num_releases)
+    return now
+
+
+def spent(epsilon: float, delta: float, num_releases: int, method: str) -> PrivacySpent:
+    """A ``PrivacySpent`` (Flower's type where it exists) holding flower-dp's own accounting."""
+    return PrivacySpent(epsilon=float(epsilon), delta=float(delta), num_releases=int(num_releases),
+                        accounting_method=str(method))
+
+
+def _require_api() -> None:
+    if not FLOWER_PRIVACY_API:
+        import flwr
+
+        raise ValueError(f"Flower's privacy-accounting API (flwr.serverapp.PrivacyAccountant) needs flwr >= 1.42, "
+                         f"got flwr {flwr.__version__}; upgrade flwr or drop accountant=")
