@@ -317,7 +317,8 @@ class GauLRQ(FedAvg):
                 self.schedule.eps_paper)
         if self.accountant is not None:
             now = self.accountant.get_privacy_spent()
-            log(INFO, "\t├──> Privacy spent (Flower's accountant): epsilon=%.6f at delta=%g", now.epsilon, now.delta)
+            log(INFO, "\t├──> Privacy spent (Flower's accountant): epsilon=%.6f at delta=%g", now.epsilon,
+                now.delta)
         super().summary()
 
     def privacy_spent(self):

@@ -168,7 +168,8 @@ def test_default_publishes_no_client_metrics_but_still_reports_eps():
     """Without an aggregation function (or debug_metrics) client metrics stay unpublished (uncharged statistics);
     the privacy metrics are there every round all the same."""
     s = _gau(clients_per_round=2)
-    result = _start(s, num_rounds=2, evaluate_fn=lambda r, a: MetricRecord({"norm": float(np.linalg.norm(a["w"].numpy()))}))
+    result = _start(s, num_rounds=2,
+                    evaluate_fn=lambda r, a: MetricRecord({"norm": float(np.linalg.norm(a["w"].numpy()))}))
     assert result.train_metrics_clientapp == {} and result.evaluate_metrics_clientapp == {}
     assert set(result.evaluate_metrics_serverapp[0]) == {"norm"}
     assert set(result.evaluate_metrics_serverapp[2]) == {"norm", "eps_rigorous", "eps_paper"}
