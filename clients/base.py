@@ -27,11 +27,11 @@ from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_gra
 from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_clipped_grad_sum
 from flower_dp.mechanisms.flat import flatten_params
 from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, NodeAccountant
-from flower_dp.mechanisms.noise import gaussian_noise
+from flower_dp.mechanisms.noise import gaussian_noise, laplace_noise
 from flower_dp.rng import NodeKey, node_secret, noise_record, numpy_rng
 from flower_dp.rng import torch_generator
 
-__all__ = ["Plan", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
+__all__ = ["Plan", "NoiseRelease", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
 
 #: Why a DPPS-family eps is ``eps_heuristic`` and never ``eps_rigorous`` (results files, reports).
 HEURISTIC_NOTE = ("heuristic, no DP proof: the Laplace scale rests on a data-dependent sensitivity estimate broadcast "
@@ -41,6 +41,21 @@ HEURISTIC_NOTE = ("heuristic, no DP proof: the Laplace scale rests on a data-dep
 
 #: Bits per float32 on the wire (COMMON.md 5.10 cost model).
 FLOAT_BITS = 32
+
+
+@dataclass(frozen=True)
+class NoiseRelease:
+    """One node's noise release at one iteration, as its :class:`Plan` describes it (:meth:`Plan.release`).
+
+    ``std`` is the Gaussian std per coordinate the node draws (0: no draw; a heuristic Laplace plan: 0,
+    its scale is data dependent) and ``steps`` what the accountant is charged for that draw (empty: nothing;
+    PrivSGP-VR: its sampled part and its always-present table part; DPPS: one ``LaplaceStep``).  Both come
+    from the plan's entry for ``(i, k)``; :meth:`PushSumNode.release_gaussian` /
+    :meth:`PushSumNode.release_laplace` draw and charge them in one call.
+    """
+
+    std: float
+    steps: tuple
 
 
 @dataclass(frozen=True)
@@ -127,6 +142,26 @@ class Plan:
     eps_heuristic: tuple[float, ...] = ()
     reproducible: bool = False
 
+    def __post_init__(self) -> None:
+        # the std a node draws and the steps it is charged describe one release: a plan that would draw
+        # noise it never charges (or charge noise it never draws) is refused here, not found in a ledger
+        for i in range(len(self.noise_std)):
+            std, nu = np.asarray(self.noise_std[i]), np.asarray(self.nu[i])
+            if std.shape != nu.shape:
+                raise ValueError(f"node {i}: noise_std has shape {std.shape} but nu {nu.shape}, got a mismatch; "
+                                 "one entry per iteration in both")
+            if self.heuristic:
+                continue
+            charged = np.isfinite(nu) & (nu > 0)
+            if self.private and not np.array_equal(std > 0, charged):
+                k = int(np.flatnonzero((std > 0) != charged)[0])
+                raise ValueError(f"node {i} iteration {k}: noise_std = {std[k]} but nu = {nu[k]}, got a release "
+                                 "that is drawn but not charged or charged but not drawn; both must be > 0 "
+                                 "(finite nu) or both off (std 0, nu inf)")
+            if not self.private and (std > 0).any():
+                raise ValueError(f"node {i}: a plan with private=False draws noise (noise_std > 0), got "
+                                 f"max {float(std.max())}; nothing would be charged for it")
+
     @property
     def eps_key(self) -> str:
         """The name this plan's eps is reported under: ``"eps_heuristic"`` (DPPS family) or ``"eps_rigorous"``."""
@@ -143,8 +178,9 @@ class Plan:
     def steps(self, i: int, start: int = 0, stop: int | None = None) -> list:
         """The accountant steps of node ``i``'s iterations ``[start, stop)``, in iteration order.
 
-        The one description of what a node's noise costs: nodes charge exactly these
-        (:meth:`PushSumNode.charge_gaussian`), the budget truncation and the plan's eps use them.
+        The one description of what a node's noise costs: nodes charge exactly these (those with a
+        finite multiplier, :meth:`charged_steps`, through :meth:`release`), the budget truncation and the
+        plan's eps use them.
         """
         stop = self.num_iters if stop is None else int(stop)
         nu = self.nu[i][start:stop]
@@ -156,6 +192,17 @@ class Plan:
             return main
         extra = [GaussianStep(1.0, float(v)) for v in self.nu_always[i][start:stop]]
         return [s for pair in zip(main, extra) for s in pair]
+
+    def charged_steps(self, i: int, start: int = 0, stop: int | None = None) -> list:
+        """What the accountant is charged for node ``i``'s iterations ``[start, stop)``: :meth:`steps` that
+        add noise (multiplier > 0 and finite); none for a non-private plan."""
+        if not self.private:
+            return []
+        return [s for s in self.steps(i, start, stop) if s.nu > 0 and math.isfinite(s.nu)]
+
+    def release(self, i: int, k: int) -> NoiseRelease:
+        """Node ``i``'s noise release at iteration ``k``: the std it draws and the steps it is charged."""
+        return NoiseRelease(float(self.noise_std[i][k]), tuple(self.charged_steps(i, k, k + 1)))
 
     def summary(self) -> dict[str, Any]:
         """JSON-friendly description for the results file."""
@@ -451,14 +498,38 @@ class PushSumNode:
         gen = torch_generator(self._private_key, self.node_id, "noise", k, device=self.device) if std > 0 else None
         return gaussian_noise(d, std, gen, dtype=torch.float32, device=self.device)
 
-    def charge_gaussian(self, k: int) -> None:
-        """Charge iteration ``k``'s noise release as the plan describes it (:meth:`Plan.steps`), at the line
-        that draws the noise."""
-        if not self.plan.private:
-            return
-        for step in self.plan.steps(self.node_id, k, k + 1):
-            if step.nu > 0 and math.isfinite(step.nu):
-                self.accountant.charge(step)
+    def release_gaussian(self, k: int, d: int) -> tuple[torch.Tensor, float]:
+        """Iteration ``k``'s Gaussian noise release, drawn and charged in one call.
+
+        Draws ``N(0, std^2 I_d)`` from the private stream (key, node, "noise", k) with the std of
+        :meth:`Plan.release` and charges the accountant that release's steps (PrivSGP-VR: the sampled and
+        the always-present part of the one draw).  Returns ``(noise, std)``.
+        """
+        if self.plan.heuristic:
+            raise ValueError(f"{self.plan.algorithm!r} releases Laplace noise with a data-dependent scale, got a "
+                             "call to release_gaussian; use release_laplace(k, d, scale)")
+        rel = self.plan.release(self.node_id, k)
+        noise = self.gaussian(k, rel.std, d)
+        for step in rel.steps:
+            self.accountant.charge(step)
+        return noise, rel.std
+
+    def release_laplace(self, k: int, d: int, scale: float) -> torch.Tensor:
+        """Iteration ``k``'s Laplace release (DPPS family), drawn and charged in one call.
+
+        The scale is data dependent (the estimated sensitivity over b, known only at run time), so the
+        caller gives it; the plan gives the multiplier charged for it (``LaplaceStep(gamma_n / b)``,
+        heuristic: it holds only if the estimate bounds the true sensitivity).  Draws ``Lap(0, scale)^d``
+        from the private stream (key, node, "noise", k).
+        """
+        if not self.plan.heuristic:
+            raise ValueError(f"{self.plan.algorithm!r} plans Gaussian releases, got a call to release_laplace; "
+                             "use release_gaussian(k, d)")
+        gen = torch_generator(self._private_key, self.node_id, "noise", k, device=self.device)
+        noise = laplace_noise(d, scale, gen, device=self.device)
+        for step in self.plan.release(self.node_id, k).steps:
+            self.accountant.charge(step)
+        return noise
 
 
 class DPSGDNode(PushSumNode):

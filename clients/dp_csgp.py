@@ -153,11 +153,10 @@ class DPCSGPNode(PushSumNode):
             raise RuntimeError(f"node {self.node_id}: call setup() before local_step (DP-CSGP's first exchange "
                                "happens there, COMMON.md F4), got local_step first")
         i, B = self.node_id, self.params.batch_size
-        clip, std = float(self.plan.clip[i][k]), float(self.plan.noise_std[i][k])
+        clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)                                           # line 9
         g, stats = self.grad_mean(self.z(), idx, B, clip, k)                      # line 10 (at z = w / y)
-        noise = self.gaussian(k, std, g.numel())                                  # line 11
-        self.charge_gaussian(k)
+        noise, std = self.release_gaussian(k, g.numel())                          # line 11 (drawn and charged)
         self.x_half = self.x - self.params.lr * (g + noise)                       # line 12
         self.check_finite_(self.x_half, "x_half", k)
         gen = torch_generator(self.plan.seed, i, "compress", k, device=self.device)

@@ -32,10 +32,9 @@ import torch
 
 from flower_dp.gossip import Contribution, Share
 from flower_dp.mechanisms.flat import param_slices
-from flower_dp.mechanisms.noise import laplace_noise
 from flower_dp.privacy import dpps_accounting
 
-from .base import torch_generator, DPSGDNode, FLOAT_BITS, Plan, PushSumNode
+from .base import DPSGDNode, FLOAT_BITS, Plan, PushSumNode
 from .sgp import SGPParams
 
 __all__ = ["DPPSParams", "PEDFLParams", "DPPSNode", "PEDFLNode", "prepare_dpps", "prepare_pedfl"]
@@ -222,13 +221,11 @@ class DPPSNode(PushSumNode):
 
     def local_step(self, k: int, reduced: dict | None = None) -> list[Share]:
         self.check_k(k)
-        p, i = self.params, self.node_id
+        p = self.params
         x_noise = self.x_half
         if p.gamma_n > 0:
             S = float(reduced["S_real"] if p.sensitivity == "real" else reduced["S"])
-            gen = torch_generator(self._private_key, i, "noise", k, device=self.device)
-            n = laplace_noise(self.x.numel(), S / p.b, gen, device=self.device)      # n ~ Lap(0, S/b)
-            self.accountant.charge_laplace(nu=float(self.plan.nu[i][k]))               # one charge per round
+            n = self.release_laplace(k, self.x.numel(), S / p.b)                     # n ~ Lap(0, S/b), charged
             x_noise = self.x_half + p.gamma_n * n                                      # eq. (8)
             self.L1_prev = float(n.abs().sum())
             self.S_prev = S if p.estimator_state == "network_max" else self.S_i
@@ -265,8 +262,6 @@ class PEDFLNode(DPSGDNode):
         self._metrics = dict(stats)
         if p.gamma_n > 0:
             S = float(reduced["S_real"])
-            gen = torch_generator(self._private_key, i, "noise", k, device=self.device)
-            sent = self.x + p.gamma_n * laplace_noise(self.x.numel(), S / p.b, gen, device=self.device)
-            self.accountant.charge_laplace(nu=float(self.plan.nu[i][k]))
+            sent = self.x + p.gamma_n * self.release_laplace(k, self.x.numel(), S / p.b)
             self._metrics.update(sensitivity_real=S, noise_std=math.sqrt(2) * p.gamma_n * S / p.b)
         return self.push_shares(k, {"x": sent}, None, FLOAT_BITS * sent.numel())

@@ -230,14 +230,13 @@ class PrivSGPVRNode(PushSumNode):
             raise RuntimeError(f"node {self.node_id}: call setup() before local_step (PrivSGP-VR fills its table "
                                "at x^0 there, privsgp-vr.md 8.19), got local_step first")
         i, b = self.node_id, self.params.batch_size
-        clip, std = float(self.plan.clip[i][k]), float(self.plan.noise_std[i][k])
+        clip = float(self.plan.clip[i][k])
         blk = int(numpy_rng(self._private_key, i, "data", k).integers(self.n_blocks))  # step 1: xi ~ U (private)
         g, h, stats = self.vr_gradient(self.z(), blk, clip, k)                        # steps 2-3
         if self.vr:
             self.avg += (h.to(torch.float64) - self.table[blk]) / self.n_blocks       # step 4: avg, then table
             self.table[blk] = h                                                       # clean gradient, eq. (5)
-        noise = self.gaussian(k, std, g.numel())                                      # step 5
-        self.charge_gaussian(k)
+        noise, std = self.release_gaussian(k, g.numel())                              # step 5 (both parts charged)
         x_half = self.x - self.params.lr * (g + noise)                                # step 6, eq. (7)
         self.check_finite_(x_half, "x_half", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip, "memory_bytes": float(self.memory_bytes())}
@@ -262,11 +261,10 @@ class DP2SGDNode(DPSGDNode):
     def local_step(self, k: int, reduced: dict | None = None) -> list[Share]:
         self.check_k(k)
         i, B = self.node_id, self.params.batch_size
-        clip, std = float(self.plan.clip[i][k]), float(self.plan.noise_std[i][k])
+        clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)
         g, stats = self.grad_mean(self.x, idx, B, clip, k)          # at the node's OWN x (pre-mix)
-        noise = self.gaussian(k, std, g.numel())
-        self.charge_gaussian(k)
+        noise, std = self.release_gaussian(k, g.numel())
         self.pending = self.params.lr * (g + noise)                # applied after mixing (COMMON.md F8)
         self.check_finite_(self.pending, "gradient step", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}

@@ -26,7 +26,7 @@ import numpy as np
 
 from flower_dp._checks import check_int
 from flower_dp.errors import ConfigError
-from flower_dp.privacy import PrivacyBudget, rigorous_epsilon
+from flower_dp.privacy import PrivacyBudget, max_steps, rigorous_epsilon
 
 from .base import Plan, PushSumNode, validate_params
 from .dp_csgp import DPCSGPNode, DPCSGPParams, prepare_dp_csgp
@@ -118,36 +118,25 @@ def prepare(
     return dataclasses.replace(plan, reproducible=bool(reproducible))
 
 
-def _planned_steps(plan: Plan, i: int, K: int) -> list:
-    return plan.steps(i, 0, K)
-
-
-def _max_iters(plan: Plan, i: int, budget: PrivacyBudget) -> int:
-    """Largest K' <= K whose first K' iterations (every step charged in them) fit ``budget`` at node ``i``."""
-    def fits(m: int) -> bool:
-        return m == 0 or rigorous_epsilon(plan.steps(i, 0, m), plan.delta_of(i), accountant=plan.accountant,
-                                          adjacency=plan.adjacency) <= budget.epsilon
-
-    lo, hi = 0, plan.num_iters
-    if fits(hi):
-        return hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+def _max_iters(plan: Plan, i: int, budget_epsilon: float) -> int:
+    """Largest K' <= K whose first K' iterations (every step planned in them) fit the budget at node ``i``
+    (:func:`flower_dp.privacy.max_steps`, the one budget check, over the plan's iterations)."""
+    steps = plan.steps(i)
+    per = len(steps) // plan.num_iters  # steps per iteration (PrivSGP-VR: 2)
+    budget = PrivacyBudget(budget_epsilon, plan.delta_of(i), plan.adjacency,
+                           "node_round" if plan.heuristic else "record")
+    return max_steps([steps[j:j + per] for j in range(0, len(steps), per)], budget, accountant=plan.accountant)
 
 
 def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
     """Largest K whose planned steps fit (budget_epsilon, delta) at every node (pre-flight hard stop)."""
-    budget = PrivacyBudget(budget_epsilon, plan.delta, plan.adjacency,
-                           "node_round" if plan.heuristic else "record")
     K = plan.num_iters
     cache: dict[tuple, int] = {}
     for i in range(plan.n_nodes):
         key = (plan.q[i], plan.nu[i].tobytes(), plan.nu_always[i].tobytes() if plan.nu_always else b"",
                plan.delta_of(i))
         if key not in cache:
-            cache[key] = _max_iters(plan, i, budget)
+            cache[key] = _max_iters(plan, i, budget_epsilon)
         K = min(K, cache[key])
     if K == plan.num_iters:
         return plan
@@ -156,7 +145,7 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
                           f"iteration of {plan.algorithm!r}, got K = 0; raise the budget or the noise")
     eps = []
     for i in range(plan.n_nodes):
-        eps.append(rigorous_epsilon(_planned_steps(plan, i, K), plan.delta_of(i), accountant=plan.accountant,
+        eps.append(rigorous_epsilon(plan.steps(i, 0, K), plan.delta_of(i), accountant=plan.accountant,
                                     adjacency=plan.adjacency))
     # A heuristic plan (DPPS family) is truncated on its heuristic eps, and says so: the budget then limits
     # the composed per node-message Laplace releases, it is not a record-level guarantee.

@@ -86,11 +86,9 @@ class SGPNode(PushSumNode):
         i = self.node_id
         B = self.params.batch_size
         clip = float(self.plan.clip[i][k])
-        std = float(self.plan.noise_std[i][k])
         idx = self.sample_poisson(k, B)                                   # dyn-d2p.md 3.8: Poisson(q = B/J)
         g, stats = self.grad_mean(self.z(), idx, B, clip, k)              # gradient at z, clipped per sample (eq. 5)
-        noise = self.gaussian(k, std, g.numel())                          # N_i^k (std on the mean = sigma_k / B)
-        self.charge_gaussian(k)                                           # one charge per noisy step
+        noise, std = self.release_gaussian(k, g.numel())                  # N_i^k (std sigma_k / B), drawn and charged
         x_half = self.x - self.params.lr * (g + noise)                    # step 5: x^{k+1/2}
         self.check_finite_(x_half, "x_half", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}

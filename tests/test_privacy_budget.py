@@ -1,13 +1,11 @@
-"""Budgets as a hard stop: look-ahead before composing, plan certificates, per-node trackers."""
+"""Budgets as a hard stop: the pre-flight prefix search (max_steps) that the registry truncates K with."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from flower_dp.errors import BudgetExceededError
-from flower_dp.privacy import BudgetTracker, GaussianStep, LaplaceStep, PrivacyBudget, max_steps, rigorous_epsilon
+from flower_dp.clients import registry
+from flower_dp.privacy import GaussianStep, LaplaceStep, PrivacyBudget, max_steps, rigorous_epsilon
 
 
 def test_max_steps_single_step_matches_plan_and_is_tight():
@@ -19,66 +17,34 @@ def test_max_steps_single_step_matches_plan_and_is_tight():
     assert max_steps([GaussianStep(0.05, 1.0, m + 10)], budget, accountant="rdp") == m  # counts are expanded
 
 
-def test_reserved_plan_charges_without_accountant_calls_and_stops_at_the_end(monkeypatch):
-    """A falling-noise plan: the pre-flight certifies a prefix; charges on (or dominated by) it are free."""
-    budget = PrivacyBudget(1.5, 1e-5)
-    plan = [GaussianStep(0.05, nu, 20) for nu in (2.0, 1.8, 1.6, 1.4, 1.2, 1.0)]
-    flat = [GaussianStep(0.05, s.nu) for s in plan for _ in range(s.count)]
-    tracker = BudgetTracker(budget, accountant="rdp", node=7)
-    m = tracker.reserve(plan)
-    assert 20 < m < 120
-    import flower_dp.privacy.budget as budget_mod
-
-    calls = []
-    orig = budget_mod.rigorous_epsilon
-    monkeypatch.setattr(budget_mod.NodeAccountant, "epsilon",
-                        lambda self, delta, extra=(): calls.append(1) or orig(self.ledger + list(extra), delta,
-                                                                               accountant=self.accountant))
-    for k in range(m):
-        tracker.charge_gaussian(q=0.05, nu=flat[k].nu, step=k)
-    assert not calls and tracker.accountant.steps_charged == m
-    with pytest.raises(BudgetExceededError, match="node 7 step 999") as info:
-        tracker.charge_gaussian(q=0.05, nu=flat[m].nu, step=999)
-    assert calls  # off the certified plan: full look-ahead
-    assert info.value.epsilon_limit == 1.5 and info.value.epsilon_spent <= 1.5
-    assert tracker.accountant.steps_charged == m  # nothing charged on refusal
-    # more noise than planned is dominated by the plan: free as well
-    other = BudgetTracker(budget, accountant="rdp")
-    other.reserve(plan)
-    calls.clear()
-    other.charge_gaussian(q=0.05, nu=3.0)
-    assert not calls
-    other.charge_gaussian(q=0.05, nu=1.5)  # less noise than planned (2.0): checked in full
-    assert calls
+def test_max_steps_counts_iterations_that_charge_several_releases():
+    """A list of steps is one iteration (PrivSGP-VR: sampled part + always-present part): the answer counts
+    whole iterations, the largest prefix that fits, and a falling-noise Laplace plan is searched in order."""
+    it = [GaussianStep(0.1, 4.0, 1, "fixed_size", 10), GaussianStep(1.0, 40.0)]
+    budget = PrivacyBudget(2.0, 1e-5, "replace_one")
+    m = max_steps([it] * 400, budget, accountant="rdp")
+    flat = lambda n: [s for _ in range(n) for s in it]  # noqa: E731
+    assert 0 < m < 400
+    assert rigorous_epsilon(flat(m), 1e-5, accountant="rdp", adjacency="replace_one") <= 2.0
+    assert rigorous_epsilon(flat(m + 1), 1e-5, accountant="rdp", adjacency="replace_one") > 2.0
+    lap = [LaplaceStep(nu) for nu in (4.0, 2.0, 1.0, 0.5)]
+    assert max_steps(lap, PrivacyBudget(0.8, 1e-5), accountant="pld") == 2  # 0.25 + 0.5 fits, + 1.0 does not
 
 
-def test_heterogeneous_budgets_one_tracker_per_node_and_laplace():
-    trackers = {i: BudgetTracker(PrivacyBudget(eps, 1e-5), accountant="rdp", node=i) for i, eps in enumerate([1, 3])}
-    counts = {}
-    for i, t in trackers.items():
-        n = 0
-        try:
-            while True:
-                t.charge_gaussian(q=0.3, nu=2.0, step=n)
-                n += 1
-        except BudgetExceededError:
-            counts[i] = n
-    assert counts[0] < counts[1]
-    lap = BudgetTracker(PrivacyBudget(5.0, 1e-5), accountant="pld")
-    lap.charge_laplace(nu=1.0, count=4)
-    with pytest.raises(BudgetExceededError):
-        lap.charge_laplace(nu=1.0, count=2)  # pure DP: 6 > 5 even at delta > 0 for so few releases
-
-
-def test_tracker_state_round_trip_json():
-    t = BudgetTracker(PrivacyBudget(3.0, 1e-5), accountant="rdp", node=1)
-    t.charge_gaussian(q=0.1, nu=2.0, count=5)
-    t.charge(LaplaceStep(10.0))
-    state = json.loads(json.dumps(t.state_dict()))
-    u = BudgetTracker(PrivacyBudget(3.0, 1e-5), accountant="rdp", node=1)
-    u.load_state_dict(state)
-    assert u.epsilon_spent == t.epsilon_spent and u.accountant.ledger == t.accountant.ledger
-    with pytest.raises(ValueError, match="cannot load a state for budget"):
-        BudgetTracker(PrivacyBudget(2.0, 1e-5), accountant="rdp").load_state_dict(state)
-    with pytest.raises(ValueError, match="accountant='rdp'.*accountant='pld'"):
-        BudgetTracker(PrivacyBudget(3.0, 1e-5), accountant="pld").load_state_dict(state)
+@pytest.mark.parametrize("algorithm, params", [
+    ("privsgp_vr", {"noise_std": 1.5, "delta": 1e-4, "batch_size": 4, "G": 1.0, "budget_epsilon": 2.0,
+                    "accountant": "rdp"}),  # two steps per iteration
+    ("dp2_sgd", {"noise_std": 0.2, "delta": 1e-4, "batch_size": 8, "G": 1.0, "budget_epsilon": 2.0,
+                 "accountant": "rdp"}),
+])
+def test_registry_budget_truncation_is_max_steps_over_the_plans_iterations(algorithm, params):
+    """The registry truncates K with max_steps (one budget path); the kept K fits, one more iteration does not."""
+    plan = registry.prepare(algorithm, params, n_nodes=2, samples_per_node=[64, 64], num_iters=60, dim=10, seed=0)
+    full = registry.prepare(algorithm, {k: v for k, v in params.items() if k != "budget_epsilon"}, n_nodes=2,
+                            samples_per_node=[64, 64], num_iters=60, dim=10, seed=0)
+    K, budget = plan.num_iters, params["budget_epsilon"]
+    assert 0 < K < full.num_iters and any("budget hard stop" in w for w in plan.warnings)
+    eps = lambda m: rigorous_epsilon(full.steps(0, 0, m), full.delta_of(0), accountant=full.accountant,  # noqa: E731
+                                     adjacency=full.adjacency)
+    assert eps(K) <= budget < eps(K + 1)
+    assert plan.eps_rigorous[0] == eps(K)

@@ -11,7 +11,9 @@ arXiv 2210.00038, book-keeping; Li et al. arXiv 2110.05679 ghost norms):
    this call only, and always removed) keep each layer's input ``a`` and output ``o``.
 2. One backward pass ``torch.autograd.grad(sum_s loss_s, [o_layer ...])`` gives the output
    gradients ``g`` of every layer.  No parameter gradient is formed in this pass.
-3. Per-sample squared norms per layer from ``a`` and ``g``, summed over layers:
+3. Per-sample squared norms per layer from ``a`` and ``g``, summed over layers, by the layer
+   type's rule (:mod:`flower_dp.mechanisms.ghost_rules`, a registry keyed by layer type;
+   :func:`~flower_dp.mechanisms.ghost_rules.register_ghost_rule` adds one):
 
    - Linear ``(B, in)``: ``||a_s||^2 ||g_s||^2``; with token dims ``(B, T, in)`` the Gram form
      ``sum_{t,t'} (a_t.a_t')(g_t.g_t')`` or the materialised ``g_s^T a_s``, whichever is cheaper.
@@ -50,37 +52,41 @@ from flower_dp._checks import check_int, check_positive
 from flower_dp.errors import NonFiniteError
 from flower_dp.mechanisms.clipping import ClipStats, check_no_batchnorm
 from flower_dp.mechanisms.flat import trainable_named_parameters, unflatten_tensors
+from flower_dp.mechanisms.ghost_rules import (
+    GHOST_SUPPORTED_LAYERS,
+    GhostRule,
+    ghost_rule_for,
+    ghost_supported_layers,
+    register_ghost_rule,
+    registry_version,
+)
 
-__all__ = ["ghost_clipped_grad_sum", "GHOST_SUPPORTED_LAYERS", "check_ghost_supported"]
+__all__ = ["ghost_clipped_grad_sum", "GHOST_SUPPORTED_LAYERS", "check_ghost_supported", "register_ghost_rule"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-#: Layer types whose per-sample gradient norms this module computes.
-GHOST_SUPPORTED_LAYERS: tuple[type[nn.Module], ...] = (nn.Linear, nn.Conv2d, nn.GroupNorm, nn.LayerNorm, nn.Embedding)
 
+def _layers(model: nn.Module) -> dict[str, tuple[nn.Module, GhostRule]]:
+    """Map module name -> (module, its rule) for every module that owns a trainable parameter.
 
-def _layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Map module name -> module for every module that owns a trainable parameter.
-
-    Raises NotImplementedError naming the first unsupported owner.
+    Raises NotImplementedError naming the first unsupported owner and the supported layer types.
     """
     modules = dict(model.named_modules())
-    owners: dict[str, nn.Module] = {}
+    owners: dict[str, tuple[nn.Module, GhostRule]] = {}
     for pname, _ in trainable_named_parameters(model):
         mname, _, leaf = pname.rpartition(".")
         mod = modules[mname]
-        supported = isinstance(mod, GHOST_SUPPORTED_LAYERS) and leaf in ("weight", "bias")
-        if isinstance(mod, nn.Embedding) and (mod.max_norm is not None or mod.scale_grad_by_freq):
-            supported = False
-        if not supported:
+        rule = ghost_rule_for(mod) if leaf in ("weight", "bias") else None
+        if rule is None:
             raise NotImplementedError(
                 f"ghost clipping cannot handle parameter {pname!r} of layer {mname or '<root>'!r} "
                 f"({type(mod).__name__}); supported layers are "
-                f"{', '.join(t.__name__ for t in GHOST_SUPPORTED_LAYERS)} (Embedding without max_norm / "
+                f"{', '.join(t.__name__ for t in ghost_supported_layers())} (Embedding without max_norm / "
                 "scale_grad_by_freq), got an unsupported one -- use the reference path "
-                "flower_dp.mechanisms.per_sample_clipped_grad_sum for this model"
+                "flower_dp.mechanisms.per_sample_clipped_grad_sum for this model, or add a rule for the layer "
+                "type with flower_dp.mechanisms.ghost_rules.register_ghost_rule"
             )
-        owners[mname] = mod
+        owners[mname] = (mod, rule)
     return owners
 
 
@@ -89,6 +95,7 @@ class _Plan:
     """What one call needs to know about a model's trainable parameters (cached per model)."""
 
     owners: dict[str, nn.Module]  # module name -> module owning trainable parameters
+    rules: dict[str, GhostRule]  # module name -> its per-layer rule (flower_dp.mechanisms.ghost_rules)
     named: list[tuple[str, nn.Parameter]]  # trainable parameters, named_parameters order
     slices: dict[str, tuple[int, int, torch.Size]]  # parameter name -> (start, stop, shape) in the flat vector
     want: dict[str, set[str]]  # module name -> its trainable leaves ("weight", "bias")
@@ -101,8 +108,9 @@ _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _signature(model: nn.Module) -> tuple:
-    """Identity, type, parameters (identity, shape, requires_grad) of every submodule, in order."""
-    return tuple(
+    """The rule registry's version, then identity, type, parameters (identity, shape, requires_grad) of
+    every submodule, in order."""
+    return (registry_version(),) + tuple(
         (id(mod), type(mod), tuple((k, id(p), p.shape, p.requires_grad) for k, p in mod._parameters.items() if p is not None))
         for mod in model.modules()
     )
@@ -118,7 +126,9 @@ def _plan(model: nn.Module) -> _Plan:
     if cached is not None and cached[0] == sig:
         return cached[1]
     check_no_batchnorm(model)
-    owners = _layers(model)
+    layers = _layers(model)
+    owners = {m: mod for m, (mod, _) in layers.items()}
+    rules = {m: rule for m, (_, rule) in layers.items()}
     named = trainable_named_parameters(model)
     slices, start = {}, 0
     for n, p in named:
@@ -129,7 +139,7 @@ def _plan(model: nn.Module) -> _Plan:
         dests[m] = {leaf: f"{m}.{leaf}".lstrip(".") for leaf in ("weight", "bias") if f"{m}.{leaf}".lstrip(".") in slices}
         want[m] = set(dests[m])
         owner_of.update({n: m for n in dests[m].values()})
-    plan = _Plan(owners, named, slices, want, dests, owner_of, start)
+    plan = _Plan(owners, rules, named, slices, want, dests, owner_of, start)
     _PLANS[model] = (sig, plan)
     return plan
 
@@ -138,240 +148,6 @@ def check_ghost_supported(model: nn.Module) -> None:
     """Raise NotImplementedError (naming the layer) if :func:`ghost_clipped_grad_sum` cannot run ``model``."""
     check_no_batchnorm(model)
     _layers(model)
-
-
-# ---------------------------------------------------------------------------------------------
-# per-layer maths.  Each returns (per-sample squared norm (B,), clipped-sum fn(c) -> {leaf: grad})
-# a: layer input(s), g: gradient of sum_s loss_s w.r.t. the layer output, both with batch dim 0.
-
-
-def _sqnorm(t: torch.Tensor) -> torch.Tensor:
-    """Per-row squared L2 norm of ``t`` viewed as (N, -1), in one pass (no squared copy)."""
-    return torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1).square()
-
-
-def _cat(ts: list[torch.Tensor], dim: int) -> torch.Tensor:
-    return ts[0] if len(ts) == 1 else torch.cat(ts, dim)
-
-
-def _ghost_tokens(a: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-sample ``||g_s a_s^T||_F^2`` for a (N, p, T), g (N, q, T) (feature-major, T tokens).
-
-    Returns the squared norms (N,) and the materialised per-sample products (N, q, p) when
-    that is the cheaper way (cost N T p q) versus the Gram form (cost N T^2 (p + q)).
-    """
-    n, p, t = a.shape
-    q = g.shape[1]
-    if t * t * (p + q) < t * p * q:
-        aa = torch.bmm(a.transpose(1, 2), a)  # (N, T, T)
-        gg = torch.bmm(g.transpose(1, 2), g)
-        return (aa * gg).sum((1, 2)), None
-    per = torch.bmm(g, a.transpose(1, 2))  # (N, q, p)
-    return _sqnorm(per), per
-
-
-def _linear_rows(a: torch.Tensor, g: torch.Tensor, want: set[str]):
-    """Linear layer called once on (B, in) rows: the common case, with the fewest tensor ops.
-
-    Per-sample weight gradient ``g_s a_s^T`` has squared norm ``|a_s|^2 |g_s|^2`` and the bias
-    gradient is ``g_s``, so the sum is ``|g_s|^2 (|a_s|^2 + 1)`` (weight and bias).
-    """
-    gg = _sqnorm(g)
-    if "weight" in want:
-        aa = _sqnorm(a)  # a fused reduction: no (B, in) temporary (large ones cost page faults)
-        sq = gg * aa.add_(1.0) if "bias" in want else gg * aa
-    else:
-        sq = gg
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        cg = g * c.unsqueeze(1)
-        if "weight" in want:
-            torch.mm(cg.t(), a, out=dest["weight"])
-        if "bias" in want:
-            torch.sum(cg, 0, out=dest["bias"])
-        return {}
-
-    return sq, clipped
-
-
-def _linear(mod: nn.Linear, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    if len(ins) == 1 and ins[0].dim() == 2:
-        return _linear_rows(ins[0], gs[0], want)
-    b = ins[0].shape[0]
-    a = _cat([x.reshape(b, -1, x.shape[-1]) for x in ins], 1)  # (B, T, in)
-    g = _cat([y.reshape(b, -1, y.shape[-1]) for y in gs], 1)  # (B, T, out)
-    tokens = a.shape[1]
-    sq = 0
-    per = None
-    if "weight" in want:
-        if tokens == 1:  # ||g_s a_s^T||_F^2 = ||a_s||^2 ||g_s||^2
-            sq = _sqnorm(a) * _sqnorm(g)
-        else:
-            sq, per = _ghost_tokens(a.transpose(1, 2), g.transpose(1, 2))
-    gb = (g.reshape(b, -1) if tokens == 1 else g.sum(1)) if "bias" in want else None
-    if gb is not None:
-        sq = sq + _sqnorm(gb)
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {}  # what is not written straight into ``dest`` (views of the result vector)
-        if "weight" in want:
-            if per is not None:
-                out["weight"] = torch.tensordot(c, per, dims=1)
-            else:
-                cg = g * c.view(b, 1, 1)
-                torch.mm(cg.reshape(-1, g.shape[2]).t(), a.reshape(-1, a.shape[2]), out=dest["weight"])
-        if gb is not None:
-            torch.mv(gb.t(), c, out=dest["bias"])
-        return out
-
-    return sq, clipped
-
-
-def _conv2d_few_channels(mod: nn.Conv2d, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    """Per-sample weight gradients of a conv with few input channels as one grouped conv.
-
-    ``per[b, o, i, p, q] = sum_{h,w} g[b,o,h,w] x_pad[b,i, h s + p d, w s + q d]`` is a conv of
-    the input (batch <-> channel swapped) with the output gradients as ``B`` groups of kernels
-    (stride and dilation swap roles).  Avoids the im2col copy, which dominates when ``C_in`` is
-    small (e.g. the first layer of an image model).
-    """
-    b = ins[0].shape[0]
-    cout, cin = mod.out_channels, mod.in_channels
-    kh, kw = mod.kernel_size
-    per = 0
-    for x, g in zip(ins, gs):
-        if mod.padding_mode != "zeros" or isinstance(mod.padding, str):
-            mode = "constant" if mod.padding_mode == "zeros" else mod.padding_mode
-            x, padding = F.pad(x, mod._reversed_padding_repeated_twice, mode=mode), 0
-        else:
-            padding = mod.padding
-        ho, wo = g.shape[2], g.shape[3]
-        out = F.conv2d(
-            x.transpose(0, 1), g.reshape(b * cout, 1, ho, wo), None,
-            stride=mod.dilation, padding=padding, dilation=mod.stride, groups=b,
-        )  # (Cin, B*Cout, >=kh, >=kw)
-        per = per + out[:, :, :kh, :kw].reshape(cin, b, cout, kh, kw)
-    sq = torch.linalg.vector_norm(per, dim=(0, 2, 3, 4)).square()
-    gb = None
-    if "bias" in want:
-        gb = sum(g.sum((2, 3)) for g in gs)
-        sq = sq + _sqnorm(gb)
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {"weight": torch.einsum("ibokl,b->oikl", per, c)}
-        if gb is not None:
-            out["bias"] = c.matmul(gb)
-        return out
-
-    return sq, clipped
-
-
-#: Below this many input channels (and groups == 1) the grouped-conv form replaces im2col.
-_FEW_CHANNELS = 8
-
-
-def _conv2d(mod: nn.Conv2d, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    if mod.groups == 1 and mod.in_channels <= _FEW_CHANNELS and "weight" in want:
-        return _conv2d_few_channels(mod, ins, gs, want)
-    b = ins[0].shape[0]
-    groups = mod.groups
-    cout = mod.out_channels
-    patches = []
-    for x in ins:
-        if mod.padding_mode != "zeros" or isinstance(mod.padding, str):
-            mode = "constant" if mod.padding_mode == "zeros" else mod.padding_mode
-            x = F.pad(x, mod._reversed_padding_repeated_twice, mode=mode)
-            padding = 0
-        else:
-            padding = mod.padding
-        # (B, Cin * kh * kw, L), rows ordered (channel, kh, kw): group j owns a contiguous block
-        patches.append(F.unfold(x, mod.kernel_size, dilation=mod.dilation, padding=padding, stride=mod.stride))
-    u = _cat(patches, 2)
-    g = _cat([y.reshape(b, cout, -1) for y in gs], 2)  # (B, Cout, L)
-    length = u.shape[2]
-    k = u.shape[1] // groups
-    sq = 0
-    per = None
-    if "weight" in want:
-        # one (sample, group) pair = one token problem: (B*G, k, L) and (B*G, Cout/G, L), views
-        sq_w, per = _ghost_tokens(u.view(b * groups, k, length), g.view(b * groups, cout // groups, length))
-        sq = sq_w.view(b, groups).sum(1)
-    gb = g.sum(2) if "bias" in want else None
-    if gb is not None:
-        sq = sq + _sqnorm(gb)
-    wshape = mod.weight.shape
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = {}
-        if "weight" in want:
-            if per is not None:  # (B*G, Cout/G, k)
-                w = torch.tensordot(c, per.view(b, -1), dims=1)
-            else:
-                cg = (g * c.view(b, 1, 1)).view(b, groups, cout // groups, length)
-                w = torch.einsum("bgol,bgkl->gok", cg, u.view(b, groups, k, length))
-            out["weight"] = w.reshape(wshape)
-        if gb is not None:
-            out["bias"] = c.matmul(gb)
-        return out
-
-    return sq, clipped
-
-
-def _norm_layer(mod: nn.Module, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    pw = 0
-    pb = 0
-    for x, g in zip(ins, gs):
-        if isinstance(mod, nn.GroupNorm):
-            xhat = F.group_norm(x, mod.num_groups, None, None, mod.eps)
-            red = tuple(range(2, x.dim()))  # per-channel: sum over spatial dims
-        else:
-            xhat = F.layer_norm(x, mod.normalized_shape, None, None, mod.eps)
-            red = tuple(range(1, x.dim() - len(mod.normalized_shape)))  # sum over token dims
-        if "weight" in want:
-            pw = pw + ((g * xhat).sum(red) if red else g * xhat)
-        if "bias" in want:
-            pb = pb + (g.sum(red) if red else g)
-    per = {}
-    if "weight" in want:
-        per["weight"] = pw
-    if "bias" in want:
-        per["bias"] = pb
-    sq = sum(_sqnorm(v) for v in per.values())
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {leaf: torch.tensordot(c, v, dims=1) for leaf, v in per.items()}
-
-    return sq, clipped
-
-
-def _embedding(mod: nn.Embedding, ins: list[torch.Tensor], gs: list[torch.Tensor], want: set[str]):
-    b = ins[0].shape[0]
-    idx = _cat([i.reshape(b, -1) for i in ins], 1)  # (B, T)
-    g = _cat([y.reshape(b, -1, y.shape[-1]) for y in gs], 1)  # (B, T, D)
-    if mod.padding_idx is not None:
-        g = g * (idx != mod.padding_idx).unsqueeze(-1).to(g.dtype)
-    same = (idx.unsqueeze(2) == idx.unsqueeze(1)).to(g.dtype)  # (B, T, T)
-    sq = (torch.bmm(g, g.transpose(1, 2)) * same).sum((1, 2))
-
-    def clipped(c: torch.Tensor, dest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        w = torch.zeros(mod.num_embeddings, g.shape[2], dtype=g.dtype, device=g.device)
-        w.index_add_(0, idx.reshape(-1), (g * c.view(b, 1, 1)).reshape(-1, g.shape[2]))
-        return {"weight": w}
-
-    return sq, clipped
-
-
-def _layer_maths(mod: nn.Module):
-    if isinstance(mod, nn.Linear):
-        return _linear
-    if isinstance(mod, nn.Conv2d):
-        return _conv2d
-    if isinstance(mod, nn.Embedding):
-        return _embedding
-    return _norm_layer
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 #: Mean-reducing losses whose ``reduction="none"`` form is the per-sample loss (exact shortcut).
@@ -500,7 +276,7 @@ def ghost_clipped_grad_sum(
                 gs.append(g.detach())
         if not ins:
             continue  # layer unused by the forward: zero gradient
-        sq_m, clipped = _layer_maths(owners[m])(owners[m], ins, gs, plan.want[m])
+        sq_m, clipped = plan.rules[m](owners[m], ins, gs, plan.want[m])
         if isinstance(sq_m, torch.Tensor):  # a layer with no trainable parameter in ``want`` gives 0
             sq = sq_m if sq is None else sq.add_(sq_m)  # each layer's sq_m is a fresh tensor
         per_layer[m] = clipped

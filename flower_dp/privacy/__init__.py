@@ -17,7 +17,7 @@ from .accountant import (
     rigorous_delta,
     rigorous_epsilon,
 )
-from .budget import UNITS, BudgetTracker, PrivacyBudget, charge_replay, max_steps
+from .budget import UNITS, PrivacyBudget, charge_replay, max_steps
 from .calibration import (
     CALIBRATIONS,
     DynD2PSchedule,
@@ -62,7 +62,6 @@ __all__ = [
     "bucket_steps",
     "rigorous_epsilon",
     "PrivacyBudget",
-    "BudgetTracker",
     "charge_replay",
     "max_steps",
     "calibrate",

@@ -1,22 +1,17 @@
-"""Privacy budgets: an object, and a hard stop (STYLE.md 2.6).
+"""Privacy budgets: an object, and a hard stop (STYLE.md 2.6), enforced in one place.
 
-A :class:`BudgetTracker` is charged step by step.  Before a step is composed, a look-ahead
-checks that the ledger *with* it stays within the budget; if not, it raises
-:class:`flower_dp.errors.BudgetExceededError` naming the node, the step, the eps spent and
-the limit, and nothing is charged (the caller must not draw the noise).
-
-Speed: a full look-ahead runs the rigorous accountant (~0.05-2 s).  Every algorithm knows its
-per-step costs before k = 0, so a run calls :meth:`BudgetTracker.reserve` once with its plan:
-this pre-flight (bisection, :func:`max_steps`) certifies the longest prefix that fits, and
-later charges that are *dominated* by the certified plan (same kind and sampling, same q,
-noise multiplier >= the planned one) are accepted without calling the accountant: a
-dominated history can only have a smaller eps.  Charges off the plan fall back to the full
-look-ahead.
+Every algorithm knows each node's releases before k = 0 (its plan), so a budget is enforced up
+front: :func:`max_steps` (bisection with the rigorous accountant) finds the longest prefix of the
+planned iterations that fits, and the run is truncated to it (``flower_dp.clients.registry``,
+``budget_epsilon``).  The nodes then charge exactly the planned steps, which fit by construction:
+no per-step look-ahead is needed at run time.  The one charge off the plan, a secret-mode resume
+charging possibly-sent steps twice, goes through :func:`charge_replay`, which raises
+:class:`flower_dp.errors.BudgetExceededError` (naming the node, the step, the eps and the limit)
+when the rest of the run no longer fits.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +19,7 @@ from .._checks import check_choice, check_delta, check_epsilon, check_int
 from ..errors import BudgetExceededError, UnsupportedEventError
 from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, rigorous_epsilon
 
-__all__ = ["PrivacyBudget", "BudgetTracker", "max_steps", "UNITS", "charge_replay"]
+__all__ = ["PrivacyBudget", "max_steps", "UNITS", "charge_replay"]
 
 UNITS = ("record", "client", "node_round")
 
@@ -66,14 +61,16 @@ def _expand(steps: Sequence) -> list:
     return out
 
 
-def _dominated(step, planned) -> bool:
-    """True when ``step`` (count 1) is at most as private-costly as ``planned``."""
-    if type(step) is not type(planned):
-        return False
-    if isinstance(step, GaussianStep):
-        same = (step.q, step.sampling, step.dataset_size) == (planned.q, planned.sampling, planned.dataset_size)
-        return same and step.nu >= planned.nu
-    return step.nu >= planned.nu
+def _iterations(steps: Sequence) -> list[list]:
+    """One entry per iteration: a step of count c is c iterations of one release; a list or tuple of
+    steps is one iteration releasing all of them (PrivSGP-VR: its sampled and its always-present part)."""
+    out = []
+    for s in steps:
+        if isinstance(s, (list, tuple)):
+            out.append(_expand(s))
+        else:
+            out.extend([one] for one in _expand([s]))
+    return out
 
 
 def max_steps(
@@ -88,9 +85,10 @@ def max_steps(
 
     Parameters
     ----------
-    steps : list of GaussianStep/LaplaceStep, or a single step
-        The per-iteration plan (counts are expanded), or one step repeated: then the answer is
-        the largest count of that step that fits (searched up to ``limit``).
+    steps : list of GaussianStep/LaplaceStep (or of lists of them), or a single step
+        The per-iteration plan (counts are expanded; a list of steps is one iteration charging all
+        of them, and the answer counts iterations), or one step repeated: then the answer is the
+        largest count of that step that fits (searched up to ``limit``).
     budget : PrivacyBudget
     spent : steps already charged (a ledger)
     """
@@ -101,7 +99,7 @@ def max_steps(
     def prefix(m: int) -> list:
         if single:
             return [type(steps)(**{**steps.__dict__, "count": m})]
-        return plan[:m]
+        return [s for it in plan[:m] for s in it]
 
     def fits(m: int) -> bool:
         return m == 0 or rigorous_epsilon(spent + prefix(m), budget.delta, accountant=accountant,
@@ -115,7 +113,7 @@ def max_steps(
             hi = min(2 * hi, limit)
         lo = hi // 2
     else:
-        plan = _expand(steps)
+        plan = _iterations(steps)
         lo, hi = 0, len(plan)
         if fits(hi):
             return hi
@@ -126,96 +124,6 @@ def max_steps(
         else:
             hi = mid
     return check_int("max_steps", lo, minimum=0)
-
-
-class BudgetTracker:
-    """Charges one node's steps against its :class:`PrivacyBudget` (heterogeneous budgets: one tracker per node).
-
-    Parameters
-    ----------
-    budget : PrivacyBudget
-    accountant : {"pld", "rdp"}
-    node : int or None  named in errors
-    """
-
-    def __init__(self, budget: PrivacyBudget, *, accountant: str = "auto", node: int | None = None) -> None:
-        if not isinstance(budget, PrivacyBudget):
-            raise TypeError(f"budget must be a PrivacyBudget, got {type(budget).__name__}")
-        self.budget = budget
-        self.node = node
-        self.accountant = NodeAccountant(accountant, budget.adjacency)
-        self._plan: list = []
-        self._pos = 0
-
-    @property
-    def epsilon_spent(self) -> float:
-        """Rigorous eps of everything charged so far, at the budget's delta."""
-        return self.accountant.epsilon(self.budget.delta)
-
-    def reserve(self, plan: Sequence) -> int:
-        """Pre-flight: certify the longest prefix of ``plan`` that fits after what was spent; returns its length.
-
-        Later charges dominated by the certified plan, in order, skip the accountant.
-        """
-        full = _expand(plan)
-        m = max_steps(full, self.budget, accountant=self.accountant.accountant, spent=self.accountant.ledger)
-        self._plan, self._pos = full[:m], 0
-        return m
-
-    def max_steps(self, step) -> int:
-        """Largest count of ``step`` (or prefix of a plan) that still fits after what was spent."""
-        return max_steps(step, self.budget, accountant=self.accountant.accountant, spent=self.accountant.ledger)
-
-    def _covered(self, step) -> bool:
-        ones = _expand([step])
-        if self._pos + len(ones) > len(self._plan):
-            return False
-        return all(_dominated(s, self._plan[self._pos + i]) for i, s in enumerate(ones))
-
-    def charge(self, step, *, step_index: int | None = None) -> None:
-        """Charge ``step`` (GaussianStep/LaplaceStep) after the look-ahead; raises BudgetExceededError instead."""
-        if self._covered(step):
-            self._pos += step.count
-            self.accountant.charge(step)
-            return
-        self._plan, self._pos = [], 0  # off the plan: the certificate no longer applies
-        eps_after = self.accountant.epsilon(self.budget.delta, extra=[step])
-        if eps_after > self.budget.epsilon:
-            spent = self.epsilon_spent
-            raise BudgetExceededError(
-                f"node {self.node} step {step_index}: charging {step} would bring eps to {eps_after:.4g} "
-                f"(spent so far {spent:.4g}), above the budget eps = {self.budget.epsilon} at "
-                f"delta = {self.budget.delta}; stop the run here (its results so far stay valid) or raise the budget",
-                node=self.node,
-                step=step_index,
-                epsilon_spent=spent,
-                epsilon_limit=self.budget.epsilon,
-            )
-        self.accountant.charge(step)
-
-    def charge_gaussian(self, *, q: float, nu: float, count: int = 1, step: int | None = None, **kw) -> None:
-        """Charge ``count`` subsampled Gaussian releases (see :class:`GaussianStep`)."""
-        self.charge(GaussianStep(q, nu, count, **kw), step_index=step)
-
-    def charge_laplace(self, *, nu: float, count: int = 1, step: int | None = None) -> None:
-        """Charge ``count`` Laplace releases (see :class:`LaplaceStep`)."""
-        self.charge(LaplaceStep(nu, count), step_index=step)
-
-    def state_dict(self) -> dict:
-        """JSON-serialisable state (the budget and the ledger; the plan certificate is recomputed on resume)."""
-        b = self.budget
-        return {"type": "BudgetTracker", "node": self.node,
-                "budget": {"epsilon": b.epsilon, "delta": b.delta, "adjacency": b.adjacency, "unit": b.unit},
-                "accountant": self.accountant.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore from :meth:`state_dict`; refuses a state with another budget."""
-        if not isinstance(state, dict) or state.get("type") != "BudgetTracker":
-            raise ValueError(f"expected a BudgetTracker state dict, got {state.get('type') if isinstance(state, dict) else state!r}")
-        if PrivacyBudget(**state["budget"]) != self.budget:
-            raise ValueError(f"cannot load a state for budget {state['budget']} into a tracker with {self.budget}")
-        self.accountant.load_state_dict(state["accountant"])
-        self._plan, self._pos = [], 0
 
 
 def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
@@ -231,12 +139,11 @@ def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
         return state
     acc = NodeAccountant(plan.accountant, plan.adjacency)
     acc.load_state_dict(state["accountant"])
-    for step in plan.steps(node_id, k0, k1):
-        if step.nu > 0 and math.isfinite(step.nu):
-            acc.charge(step)
+    for step in plan.charged_steps(node_id, k0, k1):  # what the node charged for them the first time
+        acc.charge(step)
     budget = getattr(plan.params, "budget_epsilon", None)
     if budget is not None:
-        rest = [s for s in plan.steps(node_id, k0) if s.nu > 0 and math.isfinite(s.nu)]
+        rest = plan.charged_steps(node_id, k0)
         eps = acc.epsilon(plan.delta_of(node_id), extra=rest)
         if eps > float(budget):
             raise BudgetExceededError(
