@@ -22,6 +22,7 @@ def make_strategy(rc: dict, *, secret_file: str, out_dir: str | None = None) -> 
                   clip=float(rc["clip"]), num_rounds=int(rc["num-rounds"]), epsilon=float(rc["epsilon"]),
                   delta=float(rc["delta"]), method=str(rc["method"]), tau=float(rc.get("tau", 1.0)),
                   noise_multiplier=z if z > 0 else None, secret_file=secret_file, out_dir=out_dir,
+                  fraction_evaluate=0.0,  # as with FedAvg: this ClientApp has no evaluate(); the server evaluates
                   run_info={"dataset": str(rc.get("dataset", "fashion_mnist")), "model": "lenet",
                             "local_steps": int(rc.get("local-steps", 16)), "lr": float(rc.get("lr", 0.01)),
                             "seed": int(rc.get("seed", 0))})
