@@ -9,9 +9,18 @@ same time.  This strategy never does:
   exists on its host actor (built from its own partition the first time) and replies at
   once.  The strategy then drives the host actors through the segment of ``iters_per_round``
   iterations (shares go host to host, :class:`flower_dp.gossip.ray_backend.RayGossipBackend`).
+  It needs every ClientApp to reach the host actors: Flower's simulation (one Ray cluster), or the
+  deployment engine with one Ray cluster that the ServerApp and every SuperNode join
+  (``backend_kwargs={"address": ...}`` or ``RAY_ADDRESS``).  Without one, on the deployment engine, ``start``
+  raises at once naming the fix (no silent fallback to the relay: a different cost and a different party
+  seeing every share), and the ServerApp exits non-zero.
 * ``transport="relay"``: for deployments where nodes cannot reach each other; the strategy
-  routes every share through Flower messages, one (or, with a reduce step, two) message
-  rounds per iteration.  Slow, but it works anywhere, with the same numbers.
+  routes every share through Flower messages: one message per node per iteration carrying all of
+  that node's incoming shares (two with a reduce step), plus one per node at the end of each round
+  (``flush``: evaluation, privacy report, checkpoint state) and one ``register`` at the start.
+  Payloads are typed (a ``ConfigRecord`` JSON tree + an ``ArrayRecord``; :mod:`flower_dp.gossip.wire`,
+  never a pickle).  It works anywhere, with the same numbers; on the deployment engine each message starts
+  a fresh ClientApp process (Flower 1.41), which dominates its cost.
 
 After each segment: the network-average model is evaluated (server-side ``evaluate_fn``),
 the per-node metrics that may leave a node (bits, public schedule values, DPPS's broadcast
@@ -137,6 +146,7 @@ class PushSumStrategy(Strategy):
         self.failures: list[dict[str, Any]] = []  # one entry per dead host actor (round, segment, nodes)
         self._snapshot: dict[str, Any] | None = None  # last checkpoint, kept in memory
         self._relay_ready = False
+        self.poll_s = 0.05  # relay: how often replies are pulled from the Grid
         self._initial: ArrayRecord | None = None  # Flower's initial_arrays (start)
         self._train_config = ConfigRecord()
         self._flower_evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None
@@ -319,8 +329,15 @@ class PushSumStrategy(Strategy):
         return ArrayRecord({"x": Array(flat.numpy().copy())})
 
     def _register(self, grid: Grid, rnd: int, k0: int) -> None:
-        """Send this round's ``register`` messages; on a fresh start, set the nodes up or restore them at ``k0``."""
+        """Send this round's ``register`` messages; on a fresh start, set the nodes up or restore them at ``k0``.
+
+        Relay: only while the nodes are not set up (a round after the first costs no message round trip).
+        """
         fresh = self.backend is None if self.transport == "ray" else not self._relay_ready
+        if not fresh and self.transport == "relay":
+            return
+        if self.transport == "ray" and self.backend is None:
+            self._check_ray_reachable(grid)
         if self.transport == "ray" and self.backend is None:
             from flower_dp.gossip.ray_backend import RayGossipBackend
 
@@ -374,6 +391,28 @@ class PushSumStrategy(Strategy):
                     self._send(grid, "load", k0, {i: {"state": states[i]} for i in range(self.n_nodes)})
             self._relay_ready = self.transport == "relay"
             self.timings.setdefault("register_first_round_s", time.perf_counter() - t)
+
+    def _check_ray_reachable(self, grid: Grid) -> None:
+        """Fail in seconds where ``transport="ray"`` cannot work: Flower's deployment engine without a shared Ray.
+
+        Peer-to-peer push-sum needs every ClientApp to reach the host actors.  Flower's simulation runs the
+        ServerApp and the ClientApps in one Ray cluster (its Grid is the in-memory one); on the deployment
+        engine each ClientApp runs in its own process and would start a private Ray, where the host actors do
+        not exist (Ray's "Failed to look up actor" after minutes).  Without ``backend_kwargs["address"]`` or
+        ``RAY_ADDRESS`` naming a cluster that the SuperNodes also join, that is an error here, before any work.
+        We do not fall back to the relay silently: it moves every share through the SuperLink (a different
+        cost and a different party seeing the messages), which the user should choose.
+        """
+        if self.backend_kwargs.get("address") or os.environ.get("RAY_ADDRESS"):
+            return
+        if type(grid).__name__ in ("InMemoryGrid",) or not hasattr(grid, "push_messages"):
+            return  # simulation (or a test's stand-in): one Ray cluster for ServerApp and ClientApps
+        raise ValueError(
+            f"transport='ray' cannot work on Flower's deployment engine without a shared Ray cluster (got a "
+            f"{type(grid).__name__}: each ClientApp runs in its own process and cannot reach the host actors); "
+            "use transport='relay' (the SuperLink routes every share), or start one Ray cluster that the ServerApp "
+            "and every SuperNode join (ray start --head / --address) and pass backend_kwargs={'address': "
+            "'<head>:<port>'} or set RAY_ADDRESS on all of them")
 
     # -- checkpoints and faults -------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
@@ -457,7 +496,7 @@ class PushSumStrategy(Strategy):
             msgs.append(Message(RecordDict({"pushsum": cfg, ARRAYS_KEY: arrays}), dst_node_id=flower_of[i],
                                 message_type="train"))
         out = {}
-        for msg in grid.send_and_receive(msgs, timeout=self.timeout_s):
+        for msg in self._exchange(grid, msgs):
             if msg.has_error():
                 raise RuntimeError(f"ClientApp on Flower node {msg.metadata.src_node_id} failed at k={k}: {msg.error.reason}")
             arrays = msg.content.array_records.get(ARRAYS_KEY)
@@ -466,6 +505,24 @@ class PushSumStrategy(Strategy):
             missing = sorted(set(range(self.n_nodes)) - set(out))
             raise GossipTimeoutError(f"relay: no reply from nodes {missing} at k={k} ({action}) within "
                                      f"{self.timeout_s:.0f} s; check those SuperNodes or raise timeout_s")
+        return out
+
+    def _exchange(self, grid: Grid, msgs: list[Message]) -> list[Message]:
+        """``grid.send_and_receive`` with a short poll: Flower's deployment Grid sleeps 3 s between pulls, a
+        relay iteration is one or two such exchanges; here the replies are pulled every ``poll_s`` seconds."""
+        if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
+            return list(grid.send_and_receive(msgs, timeout=self.timeout_s))
+        ids = set(grid.push_messages(msgs))
+        deadline = time.monotonic() + self.timeout_s
+        out: list[Message] = []
+        while ids:
+            got = list(grid.pull_messages(ids))
+            out += got
+            ids -= {m.metadata.reply_to_message_id for m in got}
+            if not ids or time.monotonic() >= deadline:
+                break
+            if not got:
+                time.sleep(self.poll_s)
         return out
 
     def _relay_segment(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
