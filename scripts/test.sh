@@ -14,7 +14,7 @@ cd "$ROOT"
 # a Flower ServerApp thread while Ray ran beside it (py-spy, 2026-11-23): the hang behind the earlier CI timeout.
 # One OpenBLAS thread runs the product in the calling thread.  torch uses its own thread pool and is not affected.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-ISOLATED=tests/test_gau_lrq_flower.py
+ISOLATED=(tests/test_gau_lrq_flower.py tests/test_gau_lrq_flower_dropin.py)
 MAIN_LIMIT_S="${FLOWER_DP_TEST_LIMIT_S:-3600}"   # the main suite takes ~15 min on 2 cores
 ONE_LIMIT_S=900                                  # one isolated test takes < 1 min
 
@@ -28,13 +28,15 @@ check() {  # check RC WHAT: remember the first failure, say what it was
 }
 
 set +e
-timeout -k 60 "$MAIN_LIMIT_S" .venv/bin/python -m pytest --ignore="$ISOLATED" "$@"
+timeout -k 60 "$MAIN_LIMIT_S" .venv/bin/python -m pytest "${ISOLATED[@]/#/--ignore=}" "$@"
 check $? "the main test suite"
-ids=$(.venv/bin/python -m pytest -q --collect-only "$ISOLATED" "$@" 2>/dev/null | grep "^$ISOLATED::")
-if [ -z "$ids" ]; then check 5 "$ISOLATED"; fi
-for id in $ids; do
-  timeout -k 30 "$ONE_LIMIT_S" .venv/bin/python -m pytest "$id" "$@"
-  check $? "$id"
+for file in "${ISOLATED[@]}"; do
+  ids=$(.venv/bin/python -m pytest -q --collect-only "$file" "$@" 2>/dev/null | grep "^$file::")
+  if [ -z "$ids" ]; then check 5 "$file"; fi
+  for id in $ids; do
+    timeout -k 30 "$ONE_LIMIT_S" .venv/bin/python -m pytest "$id" "$@"
+    check $? "$id"
+  done
 done
 set -e
 exit "$status"

@@ -1,0 +1,174 @@
+"""FedAvg -> GauLRQ in a user's ServerApp, in a real Flower simulation, and ``flwr run`` of the example with
+Flower's default runtime dependency installation (issue 14).  Each test starts Ray: scripts/test.sh runs this
+file's tests in processes of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flower_dp.privacy.gau_lrq import client_level_epsilon
+from flower_dp.strategies.gau_lrq import GauLRQ
+
+N, D = 4, 30
+BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+           "init_args": {"include_dashboard": False, "num_cpus": 2, "_node_ip_address": "127.0.0.1"}}
+
+
+def _metrics(pid: int, rnd: int) -> dict:
+    return {"num-examples": 8 * (pid + 1), "loss": 2.0 / (pid + 1) + 0.5 * rnd}
+
+
+def _client_app(secret_file: str) -> ClientApp:
+    """A user's ClientApp (train + evaluate); the Gau-LRQ line is the mod."""
+    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        pid, rnd = int(context.node_config["partition-id"]), int(msg.content["config"]["server-round"])
+        w = msg.content["arrays"]["w"].numpy()
+        new = (w + 0.2 * (np.random.default_rng(pid).normal(size=w.shape) - w)).astype(np.float32)
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(new)}),
+                                   "metrics": MetricRecord(_metrics(pid, rnd))}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        pid = int(context.node_config["partition-id"])
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": 4, "acc": 0.25 * pid})}), reply_to=msg)
+
+    return app
+
+
+@pytest.mark.flower
+def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path):
+    """The user's FedAvg(**kw) becomes GauLRQ(**kw, num_clients, clip, epsilon): Result with eps per round, the
+    user's train metrics averaged as FedAvg would (no key added, none changed), client evaluation on."""
+    import ray
+    from flwr.simulation import run_simulation
+
+    secret = tmp_path / "lrq.secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    seen: list = []
+
+    def train_aggr(records, key):
+        seen.append([dict(next(iter(r.metric_records.values()))) for r in records])
+        return aggregate_metricrecords(records, key)
+
+    kw = dict(fraction_train=0.5, fraction_evaluate=1.0, min_train_nodes=2, min_evaluate_nodes=2,
+              min_available_nodes=N, train_metrics_aggr_fn=train_aggr)
+    FedAvg(**kw)  # what the user had
+    strategy = GauLRQ(**kw, num_clients=N, clip=0.5, epsilon=100.0, noise_multiplier=1.0,
+                      secret_file=str(secret), keep_decoded=True)
+    results = []
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        results.append(strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
+                                      num_rounds=2, timeout=300))
+
+    if ray.is_initialized():
+        ray.shutdown()
+    run_simulation(server_app=server, client_app=_client_app(str(secret)), num_supernodes=N, backend_config=BACKEND)
+    assert results, "the ServerApp did not finish (see the Flower log above)"
+    result = results[0]
+    assert strategy.stop_reason == "completed" and strategy.B == 2
+    for r in (1, 2):
+        eps = client_level_epsilon(np.full(r, 1.0), strategy.delta, B=2, N=N)
+        assert result.evaluate_metrics_serverapp[r]["eps_rigorous"] == pytest.approx(eps, rel=1e-9)
+        assert result.evaluate_metrics_serverapp[r]["eps_paper"] > 0
+        pids = sorted(strategy.decoded[r - 1])
+        assert sorted(seen[r - 1], key=lambda m: m["num-examples"]) == [_metrics(p, r) for p in pids]
+        w = np.array([8.0 * (p + 1) for p in pids])
+        want = float(np.sum(w * np.array([_metrics(p, r)["loss"] for p in pids])) / w.sum())
+        assert dict(result.train_metrics_clientapp[r]) == pytest.approx({"loss": want}, rel=1e-12)
+    assert set(result.evaluate_metrics_clientapp) == set()  # evaluated, but unpublished without an aggregator
+    assert strategy.privacy_spent().num_releases == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout=20)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@pytest.mark.slow
+@pytest.mark.flower
+def test_flwr_run_example_with_flowers_default_runtime_dependency_installation(tmp_path):
+    """`flwr run examples/gau_lrq` with FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION unset: Flower's `uv sync`
+    has nothing to fetch (flower-dp comes from this environment), the run trains and writes eps per round."""
+    bin_dir = Path(sys.executable).parent
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    port, ray_port = _free_port(), _free_port()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_ADDRESS=f"127.0.0.1:{ray_port}", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)
+    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")
+    ray_head = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
+         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    link = subprocess.Popen(
+        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    out = tmp_path / "out"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with socket.socket() as s, socket.socket() as r:
+                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
+                    break
+            assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
+            time.sleep(0.5)
+        app = Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"
+        proc = subprocess.run(
+            [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", "num-supernodes=4",
+             "--run-config", (f"num-clients=4 clients-per-round=2 num-rounds=2 local-steps=1 test-samples=100 "
+                              f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'")],
+            env=env, capture_output=True, text=True, timeout=400)
+        text = proc.stdout + proc.stderr
+    finally:
+        _stop(link)
+        _stop(ray_head)
+        shutil.rmtree(ray_temp, ignore_errors=True)
+    assert "App dependencies installed successfully via uv sync" in text, text[-4000:]
+    res = out / "lrq" / "results.json"
+    assert res.is_file(), text[-4000:]
+    doc = json.loads(res.read_text())
+    assert doc["rounds_completed"] == 2 and doc["stop_reason"] == "completed"
+    assert 0 < doc["eps_rigorous_per_round"][0] < doc["eps_rigorous_per_round"][1]
