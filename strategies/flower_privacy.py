@@ -2,8 +2,8 @@
 
 What exists (read from the installed Flower's source)
 ----------------------------------------------------
-Flower 1.42 exports from ``flwr.serverapp``: ``PrivacyAccountant`` (a Protocol: ``compose``,
-``would_exceed``, ``get_privacy_spent``, ``state_dict``...), ``PrivacyConfig`` (``target_delta``,
+Flower 1.42 (and 1.41.0, read from its wheel) exports from ``flwr.serverapp``: ``PrivacyAccountant`` (a
+Protocol: ``compose``, ``would_exceed``, ``get_privacy_spent``, ``state_dict``...), ``PrivacyConfig`` (``target_delta``,
 ``population_size``, ``neighboring_relation``, ``sampling_method``, ``max_epsilon``), ``PrivacySpent``,
 ``GaussianPrivacyEvent(noise_multiplier, sample_size, population_size)``, ``NeighboringRelation``,
 ``SamplingMethod`` and ``RdpAccountant`` (dp-accounting's RDP behind Flower's types); and
@@ -11,7 +11,7 @@ Flower 1.42 exports from ``flwr.serverapp``: ``PrivacyAccountant`` (a Protocol: 
 escape exits with Flower's "strategy precondition unmet" code).  Flower's DP wrappers
 (``DifferentialPrivacy*FixedClipping(..., accountant=...)``) check ``would_exceed`` in ``configure_train``,
 raise ``PrivacyBudgetExhausted`` there, compose after aggregation, and answer ``privacy_spent()``.
-Flower 1.41 has none of this: :data:`FLOWER_PRIVACY_API` is then False, :class:`BudgetExhausted` is a
+An older Flower without this API: :data:`FLOWER_PRIVACY_API` is then False, :class:`BudgetExhausted` is a
 plain :class:`~flower_dp.errors.BudgetExceededError`, and strategies report their own eps only.
 
 Noise-multiplier convention (the one thing to get right)
@@ -55,12 +55,12 @@ from flwr.common import log
 from flower_dp._checks import check_choice
 from flower_dp.errors import BudgetExceededError
 
-try:  # Flower >= 1.42
+try:  # Flower >= 1.41
     from flwr.serverapp import GaussianPrivacyEvent, NeighboringRelation, PrivacySpent, SamplingMethod
     from flwr.serverapp.exception import PrivacyBudgetExhausted
 
     FLOWER_PRIVACY_API = True
-except ImportError:  # Flower 1.41: no accounting API
+except ImportError:  # an older Flower: no accounting API
     GaussianPrivacyEvent = NeighboringRelation = SamplingMethod = PrivacyBudgetExhausted = None  # type: ignore
     FLOWER_PRIVACY_API = False
 
@@ -168,5 +168,5 @@ def _require_api() -> None:
     if not FLOWER_PRIVACY_API:
         import flwr
 
-        raise ValueError(f"Flower's privacy-accounting API (flwr.serverapp.PrivacyAccountant) needs flwr >= 1.42, "
+        raise ValueError(f"Flower's privacy-accounting API (flwr.serverapp.PrivacyAccountant) needs flwr >= 1.41, "
                          f"got flwr {flwr.__version__}; upgrade flwr or drop accountant=")

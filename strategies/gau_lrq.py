@@ -130,7 +130,7 @@ class GauLRQ(FedAvg):
         replace-one sensitivity of the sum is 2 S2; :mod:`flower_dp.strategies.flower_privacy`).
     calibration : {"rigorous", "paper"}
         ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
-    accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.42)
+    accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.41)
         Flower's accountant (e.g. ``flwr.serverapp.RdpAccountant(PrivacyConfig(...))``), as Flower's DP wrappers
         take it: each round is checked (``would_exceed`` its ``max_epsilon`` raises Flower's
         ``PrivacyBudgetExhausted`` from ``configure_train``) and composed after aggregation, so
@@ -356,7 +356,7 @@ class GauLRQ(FedAvg):
         """Charge round k's privacy (raises BudgetExhausted before any noise), sample B clients, send theta_k.
 
         ``BudgetExhausted`` is both flower-dp's ``BudgetExceededError`` and Flower's ``PrivacyBudgetExhausted``
-        (Flower >= 1.42); :meth:`start` catches it and stops cleanly with the results saved.
+        (Flower >= 1.41); :meth:`start` catches it and stops cleanly with the results saved.
         """
         k = server_round - 1
         if self.K is None:

@@ -1,4 +1,4 @@
-"""GauLRQ reports to Flower's own privacy-accounting API (flwr.serverapp, Flower >= 1.42), in-process (no Ray).
+"""GauLRQ reports to Flower's own privacy-accounting API (flwr.serverapp, Flower >= 1.41), in-process (no Ray).
 
 Flower's ``GaussianPrivacyEvent.noise_multiplier`` is the noise std over the sum's sensitivity under the
 configured neighbouring relation; GauLRQ's z is the std over S2, and replace-one moves the sum by 2 S2, so the
@@ -19,7 +19,7 @@ from flower_dp.privacy.accountant import rigorous_epsilon
 from flower_dp.privacy.gau_lrq import client_level_epsilon, client_level_steps
 from flower_dp.strategies import flower_privacy as fpv
 
-pytestmark = pytest.mark.skipif(not fpv.FLOWER_PRIVACY_API, reason="Flower < 1.42 has no privacy-accounting API")
+pytestmark = pytest.mark.skipif(not fpv.FLOWER_PRIVACY_API, reason="this Flower has no privacy-accounting API")
 
 if fpv.FLOWER_PRIVACY_API:
     from flwr.serverapp import (GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig, RdpAccountant,
