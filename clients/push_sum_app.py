@@ -404,7 +404,7 @@ def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | N
     Returns the reply ``ConfigRecord`` (``partition_id``, and ``device`` or the payload's JSON tree) and the reply's
     ``ArrayRecord`` (None when it carries no arrays).  Everything is typed (:mod:`flower_dp.gossip.wire`): no pickle.
     """
-    from flwr.app import ConfigRecord
+    from flwr.app import ArrayRecord, ConfigRecord
 
     _register_wire_types()
     reply_arrays = None
@@ -456,7 +456,8 @@ def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | N
             _save_relay_node(context, run_id, node_id, node, version, state=snap["state"], pending_k=k)
         else:
             _save_relay_node(context, run_id, node_id, node, version)
-        reply[K["payload"]], reply_arrays = keys.to_records(out)
+        reply[K["payload"]], out_arrays = keys.to_records(out)
+        reply_arrays = ArrayRecord(out_arrays)
     return reply, reply_arrays
 
 

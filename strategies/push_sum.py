@@ -493,7 +493,7 @@ class PushSumStrategy(Strategy):
         for i in range(self.n_nodes):
             tree, arrays = to_records(per_node[i])
             cfg = ConfigRecord({KEY["action"]: action, KEY["k"]: k, KEY["transport"]: "relay", KEY["payload"]: tree})
-            msgs.append(Message(RecordDict({"pushsum": cfg, ARRAYS_KEY: arrays}), dst_node_id=flower_of[i],
+            msgs.append(Message(RecordDict({"pushsum": cfg, ARRAYS_KEY: ArrayRecord(arrays)}), dst_node_id=flower_of[i],
                                 message_type="train"))
         out = {}
         for msg in self._exchange(grid, msgs):

@@ -339,7 +339,8 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                       noise_multiplier=z, calibration=calibration, secret=secret,
                       secret_file=None if secret_file is None else str(secret_file), bq_bits=bq_bits,
                       out_dir=out_dir, resume=resume, run_info=run_info, reproducible=reproducible,
-                      stream_nonce=nonce)  # None: a fresh random nonce (resume: the checkpoint's)
+                      stream_nonce=nonce,  # None: a fresh random nonce (resume: the checkpoint's)
+                      fraction_evaluate=0.0)  # the server evaluates (evaluate_fn); no client-side evaluation
     train_cfg = ConfigRecord({"dataset": dataset, "model": model, "per-class": int(per_class), "local-steps": Q,
                               "lr": float(lr), "seed": int(seed)})
     initial = model_to_arrays(new_model(model, int(seed), num_classes=num_classes(dataset)))

@@ -49,12 +49,10 @@ def decode(data: bytes) -> Any:
     return wire.from_bytes(data)
 
 
-def to_records(obj: Any) -> tuple[str, Any]:
-    """``obj`` as (JSON tree for a ``ConfigRecord`` value, ``ArrayRecord`` of its arrays) for a Flower message."""
-    from flwr.app import Array, ArrayRecord
-
-    tree, arrays = wire.pack(obj)
-    return tree, ArrayRecord({str(i): Array(a) for i, a in enumerate(arrays)})
+def to_records(obj: Any) -> tuple[str, list[Any]]:
+    """``obj`` as (JSON tree for a ``ConfigRecord`` value, list of its arrays) for a Flower message; the glue wraps
+    the list in ``ArrayRecord(arrays)`` (keys ``"0"``, ``"1"``, ...), so this core module never imports Flower."""
+    return wire.pack(obj)
 
 
 def from_records(tree: str, arrays: Any) -> Any:
