@@ -223,9 +223,10 @@ class PushSumStrategy(Strategy):
         Result
             ``arrays``: the network-average model; it loads with
             ``model.load_state_dict(result.arrays.to_torch_state_dict())`` (given ``initial_arrays``, or a model
-            without buffers).  ``train_metrics_clientapp[r]``: the round's public node metrics and the privacy spent
-            (``eps_rigorous`` and ``eps_paper``: the largest over the nodes; ``eps_heuristic`` for the DPPS family).
-            ``evaluate_metrics_serverapp[r]``: ``evaluate_fn``'s metrics.
+            without buffers).  ``train_metrics_clientapp[r]``: the round's public node metrics.
+            ``evaluate_metrics_serverapp[r]``: ``evaluate_fn``'s metrics and the privacy spent (``eps_rigorous``
+            and ``eps_paper``: the largest over the nodes; ``eps_heuristic`` for the DPPS family), where GauLRQ
+            puts them too; :meth:`privacy_spent` answers the same as a ``PrivacySpent``.
         """
         t0 = time.perf_counter()
         if timeout is not None:
@@ -266,12 +267,15 @@ class PushSumStrategy(Strategy):
                 else:
                     self._relay_segment(grid, rnd, k0, k1)
                 row = self.history[-1]
-                metrics = {k: float(v) for k, v in row.items() if k != "eval"}
-                metrics.update(self._eps_metrics())
-                result.train_metrics_clientapp[rnd] = MetricRecord(metrics)
+                result.train_metrics_clientapp[rnd] = MetricRecord(
+                    {k: float(v) for k, v in row.items() if k != "eval"})
                 log.info("\t└──> Aggregated MetricRecord: %s", result.train_metrics_clientapp[rnd])
-                if row.get("eval") and rnd not in result.evaluate_metrics_serverapp:
-                    result.evaluate_metrics_serverapp[rnd] = MetricRecord(dict(row["eval"]))
+                # the privacy spent sits beside the server-side evaluation, as in GauLRQ's Result
+                server = result.evaluate_metrics_serverapp.get(rnd)
+                server = MetricRecord(dict(server) if server is not None else dict(row.get("eval") or {}))
+                for key, v in self._eps_metrics().items():
+                    server[key] = v
+                result.evaluate_metrics_serverapp[rnd] = server
                 self._write("running", t0, error)
             status = "finished"
         except Exception as exc:
@@ -288,6 +292,24 @@ class PushSumStrategy(Strategy):
         self.timings["total_s"] = time.perf_counter() - t0
         log.info("Strategy execution finished in %.2fs", self.timings["total_s"])
         return result
+
+    def privacy_spent(self):
+        """The privacy spent so far, as Flower's DP strategies and :meth:`GauLRQ.privacy_spent` answer it (a
+        ``PrivacySpent``): the largest ``eps_rigorous`` over the nodes at their delta (the DPPS family: the
+        heuristic composition, labelled so); None for a non-private run or before the first segment."""
+        from .flower_privacy import spent
+
+        if not self.privacy:
+            return None
+        rep = max(self.privacy, key=lambda r: float(r.get("eps_rigorous") or r.get("eps_heuristic") or 0.0))
+        heuristic = rep.get("eps_rigorous") is None
+        eps = float(rep["eps_heuristic"] if heuristic else rep["eps_rigorous"])
+        if eps == float("inf"):
+            return None
+        how = ("heuristic: composed Laplace releases of an estimated sensitivity, no DP proof" if heuristic else
+               f"flower-dp: {rep.get('accountant', 'auto')} accountant, {rep.get('adjacency', '')} record-level, "
+               f"largest over the nodes")
+        return spent(eps, float(rep["delta"]), int(rep.get("steps_charged", 0)), how)
 
     def _eps_metrics(self) -> dict[str, float]:
         """The privacy spent so far: the largest ``eps_rigorous`` / ``eps_paper`` (/ ``eps_heuristic``) over nodes."""

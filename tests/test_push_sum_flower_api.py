@@ -114,11 +114,15 @@ def test_start_has_fedavg_signature_and_returns_a_loadable_average(task_identity
     assert np.array_equal(evals[-1][1]["out.bias"].numpy(), result.arrays["out.bias"].numpy())
 
     assert sorted(result.train_metrics_clientapp) == [1, 2]
-    eps = [result.train_metrics_clientapp[r]["eps_rigorous"] for r in (1, 2)]
-    paper = [result.train_metrics_clientapp[r]["eps_paper"] for r in (1, 2)]
+    assert not any(key.startswith("eps_") for r in (1, 2) for key in result.train_metrics_clientapp[r])
+    # the privacy spent lives where GauLRQ puts it: beside the server-side evaluation
+    eps = [result.evaluate_metrics_serverapp[r]["eps_rigorous"] for r in (1, 2)]
+    paper = [result.evaluate_metrics_serverapp[r]["eps_paper"] for r in (1, 2)]
     assert 0 < eps[0] < eps[1] <= plan.eps_rigorous[0] * (1 + 1e-9) + 1e-12
     assert eps[1] == max(p["eps_rigorous"] for p in strat.privacy)
     assert paper[1] == max(float(e) for e in plan.eps_paper) and paper[0] == paper[1]
+    spent = strat.privacy_spent()  # the same figure in the type GauLRQ.privacy_spent() returns
+    assert spent.epsilon == eps[1] and spent.delta == plan.delta_of(0) and spent.num_releases > 0
     assert result.evaluate_metrics_serverapp[0]["probe"] == 0.0 and result.evaluate_metrics_serverapp[2]["probe"] == 2.0
 
 
