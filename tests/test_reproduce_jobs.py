@@ -87,3 +87,18 @@ def test_paper_scale_of_dyn_d2p_table2_is_the_papers_grid():
     assert {s.labels["eps"] for s in specs if s.labels.get("calibration") == "paper"} == {0.3, 0.7, 1.0, 3.0}
     with pytest.raises(ValueError, match="GPU only"):
         build_specs(paper, "paper", "table1", 1)
+
+
+def test_gau_lrq_estimate_times_one_round_and_scales_by_rounds(tmp_path):
+    """Gau-LRQ runs are not push-sum runs: the estimate times one round of the first unfinished run and counts
+    every run's rounds (Local SGD's extra rounds included); the probe leaves nothing behind."""
+    paper = get_paper("gau-lrq")
+    specs = build_specs(paper, "smoke", "table4", 1)
+    cut, work = paper.estimators["gau_lrq"]
+    assert cut(specs[0].config)["num_rounds"] == 1 and work(specs[0].config) == specs[0].config["num_rounds"]
+    lines: list[str] = []
+    hours = estimate_cpu_hours(paper, specs, tmp_path, log=lines.append)
+    assert hours is not None and 0 < hours < 0.5, hours
+    assert f"CPU hours for {len(specs)} unfinished gau_lrq runs" in lines[-1], lines
+    assert not (tmp_path / "runs" / ".estimate-probe").exists()
+    assert not list((tmp_path / "runs").glob("*/results.json"))

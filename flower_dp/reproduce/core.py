@@ -115,6 +115,10 @@ class Paper:
     paper_scale: Callable[[str, RunSpec], bool] | None = None
     """paper_scale(table, spec) -> whether ``--scale paper`` keeps this run of the table's ``full`` grid (besides
     dropping GPU models); None keeps them all"""
+    estimators: dict[str, tuple[Callable[[dict[str, Any]], dict[str, Any]], Callable[[dict[str, Any]], float]]] = \
+        field(default_factory=dict)
+    """kind -> (cut, work) for the CPU-hour estimate of runs that are not push-sum runs: ``cut(config)`` is the
+    config of a one-segment probe (e.g. one round) and ``work(config)`` a run's work in units of that probe"""
 
 
 @dataclass(frozen=True)
@@ -454,10 +458,13 @@ def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Ca
     todo = [s for s in specs if not _finished(s, out / "runs" / s.run_id)]
     pushsum = [s for s in todo if s.kind == "pushsum"]
     if not pushsum:
-        if todo:
-            log(f"estimate: no push-sum run to measure among the {len(todo)} unfinished runs (kinds "
-                f"{sorted({s.kind for s in todo})}); no estimate")
-        return None if todo else 0.0
+        est = [s for s in todo if s.kind in paper.estimators]
+        if not est:
+            if todo:
+                log(f"estimate: no push-sum run to measure among the {len(todo)} unfinished runs (kinds "
+                    f"{sorted({s.kind for s in todo})}); no estimate")
+            return None if todo else 0.0
+        return _estimate_by_segments(paper, est, len(todo), out, log)
     private = [s for s in pushsum if math.isfinite(float(s.labels.get("eps", math.inf)))]
     probe = (private or pushsum)[0]
     cfg = copy.deepcopy(probe.config)
@@ -480,6 +487,31 @@ def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Ca
     log(f"estimate: {hours:.1f} CPU hours for {len(pushsum)} unfinished push-sum runs (measured: one segment of "
         f"{probe.run_id}, {seg} iterations, {per_node_iter * 1e3:.1f} ms per node-iteration incl. evaluation and "
         f"accounting)" + (f"; {other} runs of other kinds not estimated" if other else ""))
+    return hours
+
+
+def _estimate_by_segments(paper: Paper, todo: list[RunSpec], n_todo: int, out: Path,
+                          log: Callable[[str], None]) -> float:
+    """:func:`estimate_cpu_hours` for runs that are not push-sum runs (``paper.estimators``): the first one, cut to
+    one segment, is timed; every run costs its ``work`` in such segments (set-up and calibration included, so
+    the figure errs high)."""
+    import shutil
+
+    probe = todo[0]
+    cut, _ = paper.estimators[probe.kind]
+    probe_dir = out / "runs" / ".estimate-probe"
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    probe_dir.mkdir(parents=True)
+    c0 = time.process_time()
+    paper.runners[probe.kind](RunSpec(probe.run_id, probe.labels, cut(dict(probe.config)), probe.seed,
+                                      kind=probe.kind), probe_dir, "inprocess")
+    per_unit = time.process_time() - c0
+    shutil.rmtree(probe_dir, ignore_errors=True)
+    hours = per_unit * sum(paper.estimators[s.kind][1](s.config) for s in todo) / 3600
+    other = n_todo - len(todo)
+    log(f"estimate: {hours:.1f} CPU hours for {len(todo)} unfinished {probe.kind} runs (measured: one segment of "
+        f"{probe.run_id}, {per_unit:.1f} CPU s incl. set-up, calibration and evaluation)"
+        + (f"; {other} runs of other kinds not estimated" if other else ""))
     return hours
 
 

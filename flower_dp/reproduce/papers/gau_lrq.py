@@ -388,5 +388,7 @@ PAPER = paper_of_tables(
                                                      "(full scale)")},
     default_table="table4",
     runners={"gau_lrq": run_one},
+    # the estimate's probe: one round; a run costs its rounds in probes (every table samples the same B clients)
+    estimators={"gau_lrq": (lambda c: dict(c, num_rounds=1), lambda c: float(c["num_rounds"]))},
     default_seeds={"smoke": 1, "ci": 2, "full": 5},
 )
