@@ -14,7 +14,7 @@ Nothing here imports Flower: the in-process runner uses these nodes too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from flower_dp.mechanisms.noise import gaussian_noise, laplace_noise
 from flower_dp.rng import NodeKey, node_secret, noise_record, numpy_rng
 from flower_dp.rng import torch_generator
 
-__all__ = ["Plan", "NoiseRelease", "PushSumNode", "DPSGDNode", "validate_params", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
+__all__ = ["Plan", "NoiseRelease", "PushSumNode", "DPSGDNode", "validate_params", "ablate", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
 
 #: Why a DPPS-family eps is ``eps_heuristic`` and never ``eps_rigorous`` (results files, reports).
 HEURISTIC_NOTE = ("heuristic, no DP proof: the Laplace scale rests on a data-dependent sensitivity estimate broadcast "
@@ -565,3 +565,29 @@ def _sum_tensor(inbox: list[Share], name: str, like: torch.Tensor) -> torch.Tens
     for s in inbox[1:]:
         total += s.tensors[name]
     return total.to(like.dtype)
+
+
+def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
+    """The plan with its noise (``noise=True``) and/or clipping (``clip=True``) switched off.
+
+    For reductions and tests (COMMON.md 5 invariant 5).  Without noise nothing is charged and
+    eps is reported as inf.  DPPS: noise off means gamma_n = 0.
+    """
+    K = plan.num_iters
+    changes: dict[str, Any] = {}
+    notes = []
+    if noise:
+        changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
+                       nu_always=tuple(np.full(K, np.inf) for _ in plan.nu_always),
+                       eps_paper=(math.inf,) * plan.n_nodes, private=False,
+                       **({"eps_heuristic": (math.inf,) * plan.n_nodes} if plan.heuristic
+                          else {"eps_rigorous": (math.inf,) * plan.n_nodes}))
+        if hasattr(plan.params, "gamma_n"):
+            changes["params"] = replace(plan.params, gamma_n=0.0)
+        notes.append("ablation: noise off (not private)")
+    if clip:
+        changes["clip"] = tuple(np.full(K, np.inf) for _ in plan.clip)
+        if hasattr(plan.params, "clip_l1"):
+            changes["params"] = replace(changes.get("params", plan.params), clip_l1=math.inf)
+        notes.append("ablation: clipping off")
+    return replace(plan, warnings=plan.warnings + tuple(notes), **changes)

@@ -31,7 +31,7 @@ from flower_dp.privacy import calibrate_schedule, dyn_d2p_schedule, gdp, rigorou
 from flower_dp.privacy.calibration import DYN_VARIANTS
 from flower_dp.privacy.accountant import GaussianStep
 
-from .base import Plan
+from .base import Plan, ablate
 from .sgp import SGPNode, SGPParams, nonprivate_plan
 
 __all__ = ["DynD2PParams", "DynD2PNode", "prepare_dyn_d2p", "DYN_VARIANTS"]
@@ -51,6 +51,8 @@ class DynD2PParams(SGPParams):
     calibration : "rigorous" (PLD/RDP meets eps) or "paper" (GDP-CLT, eqs. 6-10)
     accountant : "pld" or "rdp";  adjacency : "add_remove" (f = 1) or "replace_one" (f = 2)
     budget_epsilon : optional hard stop; K is truncated before it would exceed (budget_epsilon, delta)
+    clip_only : diagnostic twin: the variant's clip bounds C_k with no noise and nothing charged (eps = inf); with
+        the non-private run it separates what clipping costs from what the noise costs
     """
 
     variant: str = "dyn"
@@ -66,6 +68,7 @@ class DynD2PParams(SGPParams):
     accountant: str = "auto"
     adjacency: str = "add_remove"
     budget_epsilon: float | None = None
+    clip_only: bool = False
 
     def problems(self) -> list[str]:
         out = super().problems()
@@ -87,6 +90,11 @@ class DynD2PParams(SGPParams):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 1):
                 out.append(f"{name} must be >= 1 (1 = constant), got {v!r}")
+        if self.clip_only not in (True, False):
+            out.append(f"clip_only must be true or false, got {self.clip_only!r}")
+        if self.clip_only and self.variant == "nonprivate":
+            out.append("clip_only needs a variant with clip bounds (const, dyn_mu, dyn_c, dyn, general), got "
+                       "'nonprivate'")
         if self.variant == "general" and (self.clip_schedule is None or self.noise_shape is None):
             out.append("variant 'general' needs clip_schedule and noise_shape (lists of length num_iters), got None")
         return out
@@ -136,13 +144,14 @@ def prepare_dyn_d2p(p: DynD2PParams, *, n_nodes: int, samples_per_node, num_iter
     # nu is std / (f C) (= 1/mu_k); the ledger takes std / C with the adjacency applied by the accountant.
     std_sum = nu * f * clip
     nu_charged = std_sum / clip
-    return Plan(
+    plan = Plan(
         algorithm="dyn_d2p", params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K,
         num_iters_requested=K, dim=dim, seed=seed, q=(q,) * n_nodes, clip=(clip,) * n_nodes,
         noise_std=(std_sum / p.batch_size,) * n_nodes, nu=(nu_charged,) * n_nodes,
         eps_rigorous=(float(eps_rig),) * n_nodes, eps_paper=(float(eps_pap),) * n_nodes, delta=p.delta,
         accountant=p.accountant, adjacency=p.adjacency, warnings=tuple(notes),
     )
+    return ablate(plan, noise=True, clip=False) if p.clip_only else plan  # the clip-only twin: C_k, no noise
 
 
 class DynD2PNode(SGPNode):

@@ -19,7 +19,6 @@ Contract with the runners (in-process, Ray, relay):
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from flower_dp._checks import check_int
 from flower_dp.errors import ConfigError
 from flower_dp.privacy import PrivacyBudget, max_steps, rigorous_epsilon
 
-from .base import Plan, PushSumNode, validate_params
+from .base import Plan, PushSumNode, ablate, validate_params
 from .dp_csgp import DPCSGPNode, DPCSGPParams, prepare_dp_csgp
 from .dpps import DPPSNode, DPPSParams, PEDFLNode, PEDFLParams, prepare_dpps, prepare_pedfl
 from .dyn_d2p import DynD2PNode, DynD2PParams, prepare_dyn_d2p
@@ -157,32 +156,6 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
         plan, num_iters=K, clip=tuple(c[:K] for c in plan.clip), noise_std=tuple(s[:K] for s in plan.noise_std),
         nu=tuple(v[:K] for v in plan.nu), nu_always=tuple(v[:K] for v in plan.nu_always), **eps_fields,
         warnings=plan.warnings + (note,))
-
-
-def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
-    """The plan with its noise (``noise=True``) and/or clipping (``clip=True``) switched off.
-
-    For reductions and tests (COMMON.md 5 invariant 5).  Without noise nothing is charged and
-    eps is reported as inf.  DPPS: noise off means gamma_n = 0.
-    """
-    K = plan.num_iters
-    changes: dict[str, Any] = {}
-    notes = []
-    if noise:
-        changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
-                       nu_always=tuple(np.full(K, np.inf) for _ in plan.nu_always),
-                       eps_paper=(math.inf,) * plan.n_nodes, private=False,
-                       **({"eps_heuristic": (math.inf,) * plan.n_nodes} if plan.heuristic
-                          else {"eps_rigorous": (math.inf,) * plan.n_nodes}))
-        if hasattr(plan.params, "gamma_n"):
-            changes["params"] = dataclasses.replace(plan.params, gamma_n=0.0)
-        notes.append("ablation: noise off (not private)")
-    if clip:
-        changes["clip"] = tuple(np.full(K, np.inf) for _ in plan.clip)
-        if hasattr(plan.params, "clip_l1"):
-            changes["params"] = dataclasses.replace(changes.get("params", plan.params), clip_l1=math.inf)
-        notes.append("ablation: clipping off")
-    return dataclasses.replace(plan, warnings=plan.warnings + tuple(notes), **changes)
 
 
 def topology_for(plan: Plan, base):

@@ -177,3 +177,28 @@ def test_general_form_follows_the_given_schedules(calibration, batch):
     else:
         assert batch == 8 and plan.eps_paper[0] > 2.0
         assert any("mu_k > 1" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("variant", ["const", "dyn"])
+def test_clip_only_twin_keeps_the_clip_bounds_and_draws_no_noise(variant):
+    """The diagnostic twin (``clip_only``): the variant's C_k, no noise, nothing charged, eps inf; a noise-free step
+    moves z by at most lr * C_k (the mean of clipped gradients), where the unclipped step moves further."""
+    p = dict(BASE, variant=variant, clip0=0.05, clip_bar=0.05, calibration="paper")
+    plan = cached_plan("dyn_d2p", p, n_nodes=2, samples_per_node=[64, 64], num_iters=K, dim=12)
+    twin = cached_plan("dyn_d2p", dict(p, clip_only=True), n_nodes=2, samples_per_node=[64, 64], num_iters=K, dim=12)
+    np.testing.assert_array_equal(twin.clip[0], plan.clip[0])
+    assert not twin.private and not twin.noise_std[0].any() and twin.eps_rigorous[0] == float("inf")
+    topo = from_matrix(np.ones((1, 1)))
+    parts, _ = logreg_data(1, 64)
+    for clip_only, bound in ((True, True), (False, False)):
+        _, (nd,) = make_nodes("dyn_d2p", dict(p, clip_only=clip_only) if clip_only else dict(p, variant="nonprivate"),
+                              topo, parts=parts, num_iters=K)
+        z0 = nd.z().clone()
+        run([nd], topo, 0, 1)  # one node, a self-loop of weight 1: z1 = z0 - lr g
+        moved = float((nd.z() - z0).norm())
+        assert moved > 0
+        assert (moved <= p["lr"] * plan.clip[0][0] * (1 + 1e-6)) == bound, (clip_only, moved)
+        assert nd.privacy_report()["steps_charged"] == 0
+    with pytest.raises(ValueError, match="clip_only needs a variant with clip bounds"):
+        cached_plan("dyn_d2p", dict(p, variant="nonprivate", clip_only=True), n_nodes=2, samples_per_node=[64, 64],
+                    num_iters=K, dim=12)

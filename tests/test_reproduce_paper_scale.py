@@ -147,3 +147,35 @@ def test_ci_settings_are_unchanged_by_the_paper_scale():
     assert {s.config["num_rounds"] for s in g} == {15}
     d = get_paper("dp-csgp").build_runs("ci", "fig1-2", [0])
     assert {s.config["run"]["num_iters"] for s in d} == {500}
+
+
+def test_dyn_d2p_diagnostics_at_paper_scale_are_the_settings_of_table2():
+    """``table2-diag``: 11 runs per seed at Table 2's paper setting (n 20, K 3000, B 32, lr 0.03, eps 0.3, the
+    paper's calibration): non-private, two clip-only twins, Cbar 2.5/1.5/0.5, 1/rho 0.1/0.5/0.8, and B 128 at K 750."""
+    specs, n_seeds = _specs("dyn-d2p", "table2-diag")
+    assert len(specs) == 11 * n_seeds
+    for s in specs:
+        cfg = config_from_dict(s.config)
+        p = s.config["algorithm"]["params"]
+        assert cfg.to_dict()["topology"]["n_nodes"] == 20 and s.config["model"]["name"] == "shallow_cnn" and p["lr"] == 0.03
+        assert (s.config["run"]["num_iters"], p["batch_size"]) in ((3000, 32), (750, 128))
+        assert p["variant"] == "nonprivate" or (p["epsilon"] == 0.3 and p["calibration"] == "paper")
+    twins = [s for s in specs if s.config["algorithm"]["params"].get("clip_only")]
+    assert sorted(s.labels["algorithm"] for s in twins) == ["Const-D2P", "Const-D2P", "Dyn-D2P", "Dyn-D2P"][:2 * n_seeds]
+
+
+@pytest.mark.slow
+def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
+    """The smoke diagnostics run end to end: the clip-only twins are not private (eps inf, nothing charged) and
+    every diagnostic question gets an answer with the numbers behind it."""
+    from flower_dp.reproduce import reproduce
+
+    rep = reproduce("dyn-d2p", table="table2-diag", scale="smoke", out=tmp_path, seeds=1, log=lambda m: None)
+    recs = {r["run_id"]: r for r in rep.records}
+    for rid in ("diag-const-clip-only-s0", "diag-dyn-clip-only-s0", "diag-nonprivate-s0"):
+        assert recs[rid]["eps_rigorous"] == float("inf")
+    assert all(0 < recs[r]["eps_rigorous"] < 1 for r in recs if "cbar" in r or "inv" in r or "batch" in r)
+    names = [c.name for c in rep.claims]
+    assert len(names) == 7 and sum("clipping alone" in n for n in names) == 2
+    assert all("non-private" in c.detail or "best" in c.detail or "vs" in c.detail for c in rep.claims)
+    assert (tmp_path / "diagnostics.png").is_file() and "clip only" in (tmp_path / "report.md").read_text()

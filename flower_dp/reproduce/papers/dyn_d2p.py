@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core import Claim, Table, bound_table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec, style, logx
+from .dyn_d2p_diag import diag_table
 
 ALGS = [("Non-private", "nonprivate"), ("Const-D2P", "const"), ("Dyn[mu]-D2P", "dyn_mu"),
         ("Dyn[C]-D2P", "dyn_c"), ("Dyn-D2P", "dyn")]
@@ -483,6 +484,7 @@ PAPER = paper_of_tables(
     tables={
         "table2": _tables_entry("table2"),
         "table1": _tables_entry("table1"),
+        "table2-diag": diag_table(SETTINGS["table2"], CLIP["table2"], DELTA, PAPER_TABLES["table2"], PAPER_EPS),
         "fig1": Table("Fig. 1, gradient norms decay during training", _build_fig1, _claims_fig1,
                       _render_fig1, _fig1_differences),
         "fig4": Table("Fig. 4, Dyn-D2P over a grid of rho_c, rho_mu vs Const-D2P", _build_fig4, _claims_fig4,
