@@ -156,6 +156,10 @@ class GauLRQ(FedAvg):
         reveal part of the secret B-of-N sample).  True (or passing your own ``train_metrics_aggr_fn`` /
         ``evaluate_metrics_aggr_fn``: your aggregate, your responsibility) publishes them and the results say
         ``"uncharged_statistics_released": true``.
+    max_failed_rounds : int, default 3: the run stops (``RuntimeError`` naming the clients' error; results saved as
+        failed) after this many consecutive rounds in which every sampled client replied with an error: a
+        systematic client failure (e.g. a bit width that cannot carry the noise) is not trained through on server
+        noise alone.  A single such round is tolerated (the server adds the missing noise, as for any dropout).
     fraction_train, fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes, weighted_by_key,
     arrayrecord_key, configrecord_key, train_metrics_aggr_fn, evaluate_metrics_aggr_fn : FedAvg's, see above.
 
@@ -171,7 +175,7 @@ class GauLRQ(FedAvg):
                  secret: bytes | None = None, secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4,
                  layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
                  stream_nonce: str | None = None, resume: bool = False, run_info: dict | None = None,
-                 debug_metrics: bool = False, reproducible: bool = False,
+                 debug_metrics: bool = False, reproducible: bool = False, max_failed_rounds: int = 3,
                  fraction_train: float | None = None, fraction_evaluate: float = 1.0,
                  min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
                  min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
@@ -201,6 +205,8 @@ class GauLRQ(FedAvg):
         if accountant is not None:
             fp.check_accountant(accountant, population_size=self.N, fixed_size=True, adjacency="replace_one")
         self.debug_metrics = bool(debug_metrics)
+        self.max_failed_rounds = check_int("max_failed_rounds", max_failed_rounds, minimum=1)
+        self._failed_streak = 0
         # client metrics are published only on an explicit opt-in (debug, or the user's own aggregation function)
         self.publish_train_metrics = self.debug_metrics or train_metrics_aggr_fn is not None
         self.publish_evaluate_metrics = self.debug_metrics or evaluate_metrics_aggr_fn is not None
@@ -421,6 +427,13 @@ class GauLRQ(FedAvg):
             if m.has_error():
                 log(WARNING, "GauLRQ round %d: node %d replied with an error, dropped from the average: %s",
                     server_round, m.metadata.src_node_id, m.error.reason)
+        self._failed_streak = self._failed_streak + 1 if (replies and not valid) else 0
+        if self._failed_streak >= self.max_failed_rounds:
+            reason = next(m.error.reason for m in replies if m.has_error())
+            raise RuntimeError(f"GauLRQ: every sampled client replied with an error in {self._failed_streak} "
+                               f"consecutive rounds (up to round {server_round}; max_failed_rounds="
+                               f"{self.max_failed_rounds}); a client's error: {reason}. Fix the cause, or raise "
+                               "max_failed_rounds to train through it on server noise")
         d = int(sum(t.size for t in p["theta"]))
         total = np.zeros(d, dtype=np.float64)
         seen: dict[int, int] = {}

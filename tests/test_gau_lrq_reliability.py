@@ -107,6 +107,22 @@ def test_all_clients_failing_leaves_only_server_noise_and_user_metrics_aggregati
     assert seen == [B] and s.rounds[1]["train_metrics"] == {"clients": B}
 
 
+def test_a_systematic_client_failure_stops_the_run_naming_the_error(tmp_path):
+    """Every sampled client failing round after round is not trained through on server noise: after
+    max_failed_rounds such rounds the run stops with the clients' error, results saved as failed; a streak
+    broken by a good round starts over."""
+    s = _strategy(out_dir=tmp_path, max_failed_rounds=2)
+    with pytest.raises(RuntimeError, match=r"2 consecutive rounds \(up to round 3.*client \d+ crashed in round 3"):
+        _start(s, _app(fail=lambda pid, rnd: rnd != 1), rounds=5)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["stop_reason"].startswith("failed: RuntimeError") and saved["rounds_completed"] == 2
+    s = _strategy(max_failed_rounds=2)
+    _start(s, _app(fail=lambda pid, rnd: rnd in (1, 3)), rounds=4)  # never two in a row
+    assert [r["received"] for r in s.rounds] == [0, B, 0, B]
+    with pytest.raises(ValueError, match="max_failed_rounds"):
+        _strategy(max_failed_rounds=0)
+
+
 def test_tampered_reply_stops_with_decode_error_and_saves_results(tmp_path):
     """A message altered in transit is not silently dropped: DecodeError naming the node; results saved as failed."""
 

@@ -116,7 +116,9 @@ def test_gau_lrq_table4_paper_scale_is_mnist_lenet_at_table_ii():
     _check_common(specs, n_seeds)
     params = set(inspect.signature(run_gau_lrq).parameters)
     assert sorted(s.labels["algorithm"] for s in specs if s.seed == 0) == sorted(
-        ["Local SGD", "Gau-SGD", "QG-SGD", "BQ-SGD", "Gau-LRQ-SGD", "Dynamic Gau-LRQ-SGD"])
+        ["Local SGD", "Gau-SGD", "QG-SGD", "BQ-SGD", "Gau-LRQ-SGD", "Dynamic Gau-LRQ-SGD",
+         "BQ-SGD, 2 bits (the paper's 36 MB)"])
+    assert {s.config.get("bq_bits", 4) for s in specs if s.labels["algorithm"].startswith("BQ")} == {2, 4}
     for s in specs:
         c = s.config
         assert s.kind == "gau_lrq"
