@@ -102,3 +102,6 @@ def test_gau_lrq_estimate_times_one_round_and_scales_by_rounds(tmp_path):
     assert f"CPU hours for {len(specs)} unfinished gau_lrq runs" in lines[-1], lines
     assert not (tmp_path / "runs" / ".estimate-probe").exists()
     assert not list((tmp_path / "runs").glob("*/results.json"))
+    run_sweep(paper, specs[:2], tmp_path, log=lambda m: None)  # finished Gau-LRQ runs cost nothing
+    assert estimate_cpu_hours(paper, specs, tmp_path, log=lines.append) > 0
+    assert f"for {len(specs) - 2} unfinished gau_lrq runs" in lines[-1], lines[-1]

@@ -516,8 +516,13 @@ def _estimate_by_segments(paper: Paper, todo: list[RunSpec], n_todo: int, out: P
 
 
 def _finished(spec: RunSpec, run_dir: Path) -> bool:
+    """Whether a run is done: the runner's results.json (push-sum runs), or a paper runner's own record
+    (``reproduce_doc.json``, e.g. Gau-LRQ) of this spec's config."""
     doc = rio.read_json(run_dir / "results.json")
-    return bool(doc) and doc.get("status") in _DONE
+    if bool(doc) and doc.get("status") in _DONE:
+        return True
+    doc = rio.read_json(run_dir / "reproduce_doc.json")
+    return bool(doc) and doc.get("status") in _DONE and doc.get("repro_config") == spec.config
 
 
 # --------------------------------------------------------------------------------------------- summaries
