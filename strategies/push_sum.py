@@ -46,6 +46,7 @@ whose budget cannot cover it stops cleanly); reproducible mode resends identical
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -63,10 +64,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_dp import results as rio
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
-from flower_dp.gossip import NodeFailureError, reduce_contributions, route_shares
+from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.gossip.relay import ARRAYS_KEY, encode, from_records, to_records
+from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 
@@ -136,7 +137,8 @@ class PushSumStrategy(Strategy):
         # tells this run's relay nodes apart from those of an earlier strategy in the same Flower run
         self.spec["_session"] = f"{run_name}-{os.getpid()}-{id(self):x}-{time.time_ns()}"
         self.backend_kwargs = dict(backend_kwargs or {})
-        self.backend = None
+        # the backend that runs the segments (RayGossipBackend or RelayGossipBackend), made on the first register
+        self.backend: Any = None
         self.node_of: dict[int, int] = {}  # Flower node id -> push-sum node id
         self.history: list[dict[str, Any]] = []
         self.bits = np.zeros(self.n_nodes, dtype=np.int64)
@@ -145,7 +147,6 @@ class PushSumStrategy(Strategy):
         self.timings: dict[str, float] = {}
         self.failures: list[dict[str, Any]] = []  # one entry per dead host actor (round, segment, nodes)
         self._snapshot: dict[str, Any] | None = None  # last checkpoint, kept in memory
-        self._relay_ready = False
         self.poll_s = 0.05  # relay: how often replies are pulled from the Grid
         self._initial: ArrayRecord | None = None  # Flower's initial_arrays (start)
         self._train_config = ConfigRecord()
@@ -262,10 +263,7 @@ class PushSumStrategy(Strategy):
                 log.info("")
                 log.info("[ROUND %d/%d]", rnd, rounds)
                 self._register(grid, rnd, k0)
-                if self.transport == "ray":
-                    self._ray_segment_with_retries(grid, rnd, k0, k1)
-                else:
-                    self._relay_segment(grid, rnd, k0, k1)
+                self._segment_with_retries(grid, rnd, k0, k1)
                 row = self.history[-1]
                 result.train_metrics_clientapp[rnd] = MetricRecord(
                     {k: float(v) for k, v in row.items() if k != "eval"})
@@ -355,30 +353,11 @@ class PushSumStrategy(Strategy):
 
         Relay: only while the nodes are not set up (a round after the first costs no message round trip).
         """
-        fresh = self.backend is None if self.transport == "ray" else not self._relay_ready
-        if not fresh and self.transport == "relay":
+        fresh = self.backend is None
+        if not fresh and self.backend.register_once:
             return
-        if self.transport == "ray" and self.backend is None:
-            self._check_ray_reachable(grid)
-        if self.transport == "ray" and self.backend is None:
-            from flower_dp.gossip.ray_backend import RayGossipBackend
-
-            t = time.perf_counter()
-            # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when
-            # loaded); a second ray.init from here would crash Flower's, so wait for it, unless a cluster is named.
-            wait = 0.0 if self.backend_kwargs.get("address") else 120.0
-            if wait:
-                import ray
-
-                deadline = time.monotonic() + wait
-                while not ray.is_initialized() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                self.timings.setdefault("wait_for_ray_s", time.perf_counter() - t)  # Flower starting Ray
-            kw = {"timeout_s": self.timeout_s, "wait_for_ray_s": wait, **self.backend_kwargs}
-            self.backend = RayGossipBackend(self.n_nodes, **kw)
-            self.spec["_ray"] = {"name": self.backend.name, "namespace": self.backend.namespace,
-                                 "num_hosts": self.backend.num_hosts, "n_nodes": self.n_nodes}
-            self.timings["backend_start_s"] = time.perf_counter() - t
+        if fresh:
+            self.backend = self._new_backend(grid)
         t = time.perf_counter()
         deadline = time.monotonic() + self.timeout_s
         while len(list(grid.get_node_ids())) < self.n_nodes and time.monotonic() < deadline:
@@ -402,17 +381,42 @@ class PushSumStrategy(Strategy):
                 "partition-id, or raise timeout_s")
         if fresh:
             if k0 == 0:
-                if self.backend is not None:
-                    self.backend.setup()
+                self.backend.setup()
             else:
                 states = self._restore(k0)
-                if self.backend is not None:
-                    self.backend.wait_registered()
-                    self.backend.load_state_dicts(states)
-                else:
-                    self._send(grid, "load", k0, {i: {"state": states[i]} for i in range(self.n_nodes)})
-            self._relay_ready = self.transport == "relay"
+                self.backend.wait_registered()
+                self.backend.load_state_dicts(states, k=k0)
             self.timings.setdefault("register_first_round_s", time.perf_counter() - t)
+
+    def _new_backend(self, grid: Grid) -> Any:
+        """The backend of ``transport``: Ray host actors, or the relay over this strategy's Flower messages."""
+        if self.transport == "relay":
+            return RelayGossipBackend(self.n_nodes, functools.partial(self._send, grid),
+                                      keep_states=self._keep_states(restartable=False))
+        self._check_ray_reachable(grid)
+        from flower_dp.gossip.ray_backend import RayGossipBackend
+
+        t = time.perf_counter()
+        # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when
+        # loaded); a second ray.init from here would crash Flower's, so wait for it, unless a cluster is named.
+        wait = 0.0 if self.backend_kwargs.get("address") else 120.0
+        if wait:
+            import ray
+
+            deadline = time.monotonic() + wait
+            while not ray.is_initialized() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.timings.setdefault("wait_for_ray_s", time.perf_counter() - t)  # Flower starting Ray
+        kw = {"timeout_s": self.timeout_s, "wait_for_ray_s": wait, **self.backend_kwargs}
+        backend = RayGossipBackend(self.n_nodes, **kw)
+        self.spec["_ray"] = {"name": backend.name, "namespace": backend.namespace,
+                             "num_hosts": backend.num_hosts, "n_nodes": self.n_nodes}
+        self.timings["backend_start_s"] = time.perf_counter() - t
+        return backend
+
+    def _keep_states(self, restartable: bool) -> bool:
+        """Whether the nodes' states come back after each segment: for the checkpoint, or in memory for restarts."""
+        return (self.checkpoint and self.out_path is not None) or (restartable and self.max_retries > 0)
 
     def _check_ray_reachable(self, grid: Grid) -> None:
         """Fail in seconds where ``transport="ray"`` cannot work: Flower's deployment engine without a shared Ray.
@@ -469,10 +473,10 @@ class PushSumStrategy(Strategy):
             states = {i: charge_replay(st, plan, i, k0, k1) for i, st in states.items()}
         return states
 
-    def _ray_segment_with_retries(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
+    def _segment_with_retries(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
         for attempt in range(self.max_retries + 1):
             try:
-                self._ray_segment(rnd, k0, k1)
+                self._segment(rnd, k0, k1)
                 return
             except NodeFailureError as exc:
                 self.failures.append({"round": rnd, "k0": k0, "k1": k1, "host": exc.host, "nodes": exc.nodes,
@@ -493,20 +497,17 @@ class PushSumStrategy(Strategy):
                     self._snapshot = None
                 self._register(grid, rnd, k0)
 
-    def _ray_segment(self, rnd: int, k0: int, k1: int) -> None:
+    def _segment(self, rnd: int, k0: int, k1: int) -> None:
         be = self.backend
         seg = be.run_segment(k0, k1, debug_metrics=self.debug_metrics)
         self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + seg.wall_time_s
         self.bits += seg.bits_sent
         avg = be.network_average()
         if self._layout is None:  # names and shapes of the nodes' model (public), for Result.arrays
-            from flower_dp.gossip.relay import param_layout
-
-            self._layout = be.apply(param_layout, [0]).get(0)
+            self._layout = be.param_layout()
         # the eps spent so far goes into the Result's metrics every round
-        self.privacy = [dict(r, node=i) for i, r in be.call("privacy_report").items()]
-        keep = (self.checkpoint and self.out_path is not None) or self.max_retries > 0
-        states = be.state_dicts() if keep else None
+        self.privacy = [dict(r, node=i) for i, r in be.privacy_reports().items()]
+        states = be.state_dicts() if self._keep_states(be.restartable) else None
         self._finish_segment(rnd, k1, seg.metric_means(), avg, states)
 
     def _send(self, grid: Grid, action: str, k: int, per_node: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -546,37 +547,6 @@ class PushSumStrategy(Strategy):
             if not got:
                 time.sleep(self.poll_s)
         return out
-
-    def _relay_segment(self, grid: Grid, rnd: int, k0: int, k1: int) -> None:
-        t_seg = time.perf_counter()
-        inbox: dict[int, Any] = {i: None for i in range(self.n_nodes)}
-        rows: dict[str, list[float]] = {}
-
-        def collect(replies):
-            for i in sorted(replies):
-                for key, v in replies[i].get("metrics", {}).items():
-                    rows.setdefault(key, []).append(float(v))
-
-        for k in range(k0, k1):
-            rep = self._send(grid, "contribute", k, {i: {"inbox": inbox[i], "debug_metrics": self.debug_metrics}
-                                                     for i in range(self.n_nodes)})
-            if any("contrib" in r for r in rep.values()):
-                reduced = reduce_contributions({i: r.get("contrib") for i, r in rep.items()})
-                rep = self._send(grid, "step", k, {i: {"reduced": reduced, "debug_metrics": self.debug_metrics}
-                                                   for i in range(self.n_nodes)})
-            collect(rep)
-            outboxes = {i: rep[i]["shares"] for i in range(self.n_nodes)}
-            for i, shares in outboxes.items():
-                self.bits[i] += sum(int(s.wire_bits) for s in shares if s.receiver != i)
-            inbox = route_shares(outboxes, list(range(self.n_nodes)))
-        want = self.checkpoint and self.out_path is not None
-        rep = self._send(grid, "flush", k1, {i: {"inbox": inbox[i], "state": want} for i in range(self.n_nodes)})
-        self.timings["gossip_s"] = self.timings.get("gossip_s", 0.0) + time.perf_counter() - t_seg
-        flats = torch.stack([rep[i]["eval_params"].to(torch.float64) for i in range(self.n_nodes)])
-        avg = (flats.sum(0) / self.n_nodes).to(torch.float32)
-        self.privacy = [dict(rep[i]["privacy"], node=i) for i in range(self.n_nodes)]
-        means = {key: float(np.nanmean(v)) for key, v in rows.items()}
-        self._finish_segment(rnd, k1, means, avg, {i: rep[i]["state"] for i in range(self.n_nodes)} if want else None)
 
     def _finish_segment(self, rnd: int, k: int, means: dict[str, float], avg: torch.Tensor, states: Any) -> None:
         if not bool(torch.isfinite(avg).all()):

@@ -14,8 +14,10 @@ nodes and exchange shares *directly with each other* are the fast way.  Per iter
 3. waits for the shares of ``k`` from every other host, builds each node's inbox sorted by
    sender and calls ``mix``.
 
-The result is bit-identical to :func:`flower_dp.gossip.run_iteration` on CPU (same calls
-per node, same inbox order, RNG keyed by (node, purpose, k)).  Node state stays on its
+Each host runs these steps as the phases of :func:`flower_dp.gossip.protocol.run_protocol_iteration`
+(the one iteration of every backend), so the result is bit-identical to
+:func:`flower_dp.gossip.run_iteration` on CPU (same calls per node, same inbox order, RNG keyed by
+(node, purpose, k)).  Node state stays on its
 host between segments; only metrics and bit counts come back unless states are asked for.
 
 Every wait has a timeout that raises :class:`flower_dp.errors.GossipTimeoutError`
@@ -30,7 +32,6 @@ import socket
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ import numpy as np
 from .._checks import check_int, check_nonnegative, check_positive
 from .._ray_local import use_loopback
 from ..errors import FlowerDPError, GossipTimeoutError
+from .protocol import SegmentResult
 from .ray_host import NodeFactory, remote_host_class
 
 __all__ = ["RayGossipBackend", "SegmentResult", "NodeFailureError", "host_of", "host_actor_name", "register_node",
@@ -137,42 +139,6 @@ def ensure_ray(address: str | None = None, *, wait_s: float = 0.0, num_cpus: int
             raise
 
 
-@dataclass
-class SegmentResult:
-    """What a segment ``k0 .. k1 - 1`` returns to the driver.
-
-    Attributes
-    ----------
-    k0, k1 : int
-        The iterations run.
-    bits_sent : ndarray (n,) int64
-        Wire bits each node sent during the segment (self-shares cost 0).
-    metrics : dict[int, list[dict[str, float]]]
-        Per node, one dict per iteration of the ``last_metrics()`` that may leave the node
-        (:func:`flower_dp.releases.release_metrics`; all of them with ``debug_metrics``).
-    reduced : list[dict | None]
-        The reduced contributions of each iteration (identical on every host).
-    wall_time_s : float
-        Driver-side wall time of the segment.
-    """
-
-    k0: int
-    k1: int
-    bits_sent: np.ndarray
-    metrics: dict[int, list[dict[str, float]]] = field(default_factory=dict)
-    reduced: list[Any] = field(default_factory=list)
-    wall_time_s: float = 0.0
-
-    def metric_means(self) -> dict[str, float]:
-        """Mean of each metric over all nodes and iterations (NaN ignored), as the in-process runner reports."""
-        vals: dict[str, list[float]] = {}
-        for i in sorted(self.metrics):
-            for row in self.metrics[i]:
-                for key, v in row.items():
-                    vals.setdefault(key, []).append(float(v))
-        return {k: float(np.nanmean(v)) if v else float("nan") for k, v in vals.items()}
-
-
 def register_node(prefix: str, namespace: str, node_id: int, n_nodes: int, num_hosts: int, factory: NodeFactory,
                   *, timeout_s: float = 60.0) -> str:
     """From a ClientApp (or anywhere in the Ray job): build ``node_id`` on its named host actor.
@@ -223,6 +189,11 @@ class RayGossipBackend:
     wait_for_ray_s : float
         Wait this long for someone else (Flower) to start Ray in this process before starting it.
     """
+
+    #: ClientApps register their nodes every round (a restarted host needs them built again)
+    register_once = False
+    #: a dead host actor is restarted from the last checkpoint (:class:`NodeFailureError`)
+    restartable = True
 
     def __init__(
         self,
@@ -358,8 +329,8 @@ class RayGossipBackend:
         """Every node's ``state_dict()`` (moves the full state: use for checkpoints, not per iteration)."""
         return self.call("state_dict")
 
-    def load_state_dicts(self, states: dict[int, Any]) -> None:
-        """Load ``{node_id: state}`` into the nodes where they live."""
+    def load_state_dicts(self, states: dict[int, Any], k: int | None = None) -> None:
+        """Load ``{node_id: state}`` into the nodes where they live (``k``, the states' iteration, is not needed)."""
         import ray
 
         per_host: dict[int, dict[int, Any]] = {}
@@ -436,6 +407,16 @@ class RayGossipBackend:
                 self.hosts[refs[r]].deliver.remote("abort", -1, dead, why)
             except Exception:  # noqa: BLE001 - that host is gone as well
                 pass
+
+    def privacy_reports(self) -> dict[int, dict[str, Any]]:
+        """Every node's ``privacy_report()``."""
+        return self.call("privacy_report")
+
+    def param_layout(self) -> list[list[Any]] | None:
+        """Names and shapes of node 0's trainable parameters (:func:`flower_dp.gossip.relay.param_layout`)."""
+        from .relay import param_layout
+
+        return self.apply(param_layout, [0]).get(0)
 
     def network_average(self, method: str = "eval_params") -> Any:
         """Mean over nodes of ``node.eval_params()`` (float64 sum in node order, returned as float32)."""

@@ -1,7 +1,8 @@
 """The host actor of the Ray backend (:mod:`flower_dp.gossip.ray_backend`).
 
-A host holds several push-sum nodes, steps them, and exchanges contributions and shares
-directly with the other hosts (threaded actor: ``deliver`` runs while ``run_segment`` waits
+A host holds several push-sum nodes, steps them through
+:func:`flower_dp.gossip.protocol.run_protocol_iteration` (:class:`_HostPhases`), and exchanges
+contributions and shares directly with the other hosts (threaded actor: ``deliver`` runs while ``run_segment`` waits
 on its mailbox).  Every wait has a timeout that raises
 :class:`flower_dp.errors.GossipTimeoutError` naming the missing senders, ``k`` and the
 likely cause.  Ray is imported lazily.
@@ -16,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import GossipTimeoutError
-from .inprocess import route_shares
-from .messages import Share, reduce_contributions
+from .messages import Share
+from .protocol import run_protocol_iteration
 
 __all__ = ["NodeFactory", "remote_host_class"]
 
@@ -39,6 +40,51 @@ def _to_device(obj: Any, device: str) -> Any:
 
 def _share_to(s: Share, device: str) -> Share:
     return Share(s.sender, s.receiver, s.k, _to_device(dict(s.tensors), device), s.weight, s.wire_bits)
+
+
+class _HostPhases:
+    """The phases of :func:`flower_dp.gossip.protocol.run_protocol_iteration` on one host's nodes: contributions are
+    all-gathered between the hosts (each host reduces over every node), shares for another host's nodes go to it."""
+
+    def __init__(self, host: _Host, mine: list[int]) -> None:
+        self.host, self.node_ids = host, mine
+        self.where = {i: h for h, ids in host.placement.items() for i in ids}
+        self.network_ids = sorted(self.where)
+
+    def contribute(self, k: int) -> dict[int, Any]:
+        host = self.host
+        contribs = {i: host.nodes[i].contribute(k) for i in self.node_ids}
+        if host.peers:
+            cpu_c = _to_device(contribs, "cpu") if host.device != "cpu" else contribs
+            host._broadcast("c", k, {h: cpu_c for h in host.peers})
+            for part in host._gather("c", k).values():
+                contribs.update(part)
+        return {i: _to_device(c, "cpu") if c else c for i, c in contribs.items()}
+
+    def local_step(self, k: int, reduced: dict[str, Any] | None) -> dict[int, list[Share]]:
+        return {i: self.host.nodes[i].local_step(k, reduced) for i in self.node_ids}
+
+    def exchange(self, k: int, outboxes: dict[int, list[Share]]) -> dict[int, list[Share]]:
+        host = self.host
+        local: dict[int, list[Share]] = {}
+        remote: dict[int, list[Share]] = {h: [] for h in host.peers}
+        for i in self.node_ids:
+            for s in outboxes[i]:
+                h = self.where[s.receiver]
+                if h == host.host_id:
+                    local.setdefault(i, []).append(s)
+                else:
+                    remote[h].append(_share_to(s, "cpu") if host.device != "cpu" else s)
+        if host.peers:
+            host._broadcast("s", k, remote)
+            for _h, shares in sorted(host._gather("s", k).items()):
+                for s in shares:
+                    local.setdefault(s.sender, []).append(_share_to(s, host.device) if host.device != "cpu" else s)
+        return local
+
+    def mix(self, k: int, inboxes: dict[int, list[Share]]) -> None:
+        for i in self.node_ids:
+            self.host.nodes[i].mix(inboxes[i])
 
 
 class _Host:
@@ -177,44 +223,16 @@ class _Host:
                     f"host {self.host_id} cannot run k={k0}: nodes {missing} were never registered; "
                     "every ClientApp must register its node before the segment starts"
                 )
-            where = {i: h for h, ids in self.placement.items() for i in ids}
+            phases = _HostPhases(self, mine)
             bits = {i: 0 for i in mine}
             metrics: dict[int, list[dict[str, float]]] = {i: [] for i in mine}
             reduced_log = []
             try:
                 for k in range(k0, k1):
-                    contribs = {i: self.nodes[i].contribute(k) for i in mine}
-                    if self.peers:
-                        cpu_c = _to_device(contribs, "cpu") if self.device != "cpu" else contribs
-                        self._broadcast("c", k, {h: cpu_c for h in self.peers})
-                        for part in self._gather("c", k).values():
-                            contribs.update(part)
-                    contribs = {i: _to_device(c, "cpu") if c else c for i, c in contribs.items()}
-                    reduced = reduce_contributions(contribs)
-                    reduced_log.append(reduced)
-                    local: dict[int, list[Share]] = {}
-                    remote: dict[int, list[Share]] = {h: [] for h in self.peers}
+                    log_k = run_protocol_iteration(phases, k)
+                    reduced_log.append(log_k.reduced)
                     for i in mine:
-                        for s in self.nodes[i].local_step(k, reduced):
-                            if s.sender != i or s.k != k:
-                                raise ValueError(f"node {i} produced a share labelled sender={s.sender}, k={s.k} at k={k}")
-                            if s.receiver != i:
-                                bits[i] += int(s.wire_bits)
-                            h = where.get(s.receiver)
-                            if h is None:
-                                raise ValueError(f"node {i} sent a share to unknown node {s.receiver} at k={k}")
-                            if h == self.host_id:
-                                local.setdefault(i, []).append(s)
-                            else:
-                                remote[h].append(_share_to(s, "cpu") if self.device != "cpu" else s)
-                    if self.peers:
-                        self._broadcast("s", k, remote)
-                        for _h, shares in sorted(self._gather("s", k).items()):
-                            for s in shares:
-                                local.setdefault(s.sender, []).append(_share_to(s, self.device) if self.device != "cpu" else s)
-                    inboxes = route_shares(local, mine)
-                    for i in mine:
-                        self.nodes[i].mix(inboxes[i])
+                        bits[i] += log_k.bits_sent[i]
                         # only what may leave the node (flower_dp.releases), unless the run opted in to debug_metrics
                         metrics[i].append(node_metrics(self.nodes[i], debug_metrics))
             except BaseException as exc:
