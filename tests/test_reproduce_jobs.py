@@ -105,3 +105,32 @@ def test_gau_lrq_estimate_times_one_round_and_scales_by_rounds(tmp_path):
     run_sweep(paper, specs[:2], tmp_path, log=lambda m: None)  # finished Gau-LRQ runs cost nothing
     assert estimate_cpu_hours(paper, specs, tmp_path, log=lines.append) > 0
     assert f"for {len(specs) - 2} unfinished gau_lrq runs" in lines[-1], lines[-1]
+
+
+def test_a_fresh_clone_reuses_committed_records_and_reruns_only_what_changed(tmp_path):
+    """``runs/`` is git-ignored, ``records.json`` is committed: after the run folders are gone (a new session's
+    clone), a finished run is reused from its committed record when the record was made from the same config
+    (``config_sha``), and run again when the config changed or the record predates the fingerprint."""
+    import dataclasses
+    import shutil
+
+    from flower_dp.reproduce.core import config_sha
+
+    paper, specs = _smoke_specs(2)
+    first = run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    assert [r["config_sha"] for r in first] == [config_sha(s.config) for s in specs]
+    shutil.rmtree(tmp_path / "runs")  # what a fresh clone has: the committed records only
+    again = run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    assert all(r["reused"] for r in again)
+    assert [r["final_acc"] for r in again] == [r["final_acc"] for r in first]
+    assert [r["cpu_time_s"] for r in again] == [r["cpu_time_s"] for r in first]
+    assert not list((tmp_path / "runs").glob("*/results.json"))  # nothing was run
+    # a changed config is not the committed record's run: it runs again (and so does a record without a sha)
+    changed = dataclasses.replace(specs[0], config={**specs[0].config,
+                                                    "run": {**specs[0].config["run"], "num_iters": 9}})
+    doc = json.loads((tmp_path / "records.json").read_text())
+    doc["records"][1].pop("config_sha")
+    (tmp_path / "records.json").write_text(json.dumps(doc))
+    third = run_sweep(paper, [changed, specs[1]], tmp_path, log=lambda m: None)
+    assert not any(r["reused"] for r in third)
+    assert third[0]["num_iters"] == 9

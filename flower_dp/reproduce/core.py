@@ -8,6 +8,10 @@ records.  This module does everything else, the same way for every paper:
   ``history.csv`` and checkpoint; a run whose ``results.json`` says it finished (with the same
   config) is **not** run again, and a run with a checkpoint continues from it, so an interrupted
   sweep resumes where it stopped;
+* ``OUT/runs/`` is not committed (checkpoints are large and stay on the machine that ran them), but
+  ``OUT/records.json`` is: a finished run whose committed record carries this spec's ``config_sha`` is
+  reused from the record alone, so a sweep started in one session resumes from a fresh clone in the next
+  (only the unfinished runs' checkpoints are lost);
 * ``OUT/records.json`` / ``OUT/records.csv``: one record per run (labels, seed, config, final and
   best accuracy, loss, bits, rigorous and paper eps per node, wall time, versions), rewritten
   atomically after every run;
@@ -321,12 +325,41 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "noise_mode": (doc.get("noise") or {}).get("mode", "reproducible"),
     }
     rec.update(doc.get("extra_record", {}))
+    rec["config_sha"] = config_sha(spec.config)
     rec["labels"] = dict(spec.labels)
     if spec.kind == "pushsum" and not rec["uncharged_statistics_released"]:
         from ..releases import public_history_row
 
         hist = [public_history_row(h) for h in hist]  # a reused run from before the releases were filtered
     rec["history"] = hist
+    return rec
+
+
+def config_sha(config: dict[str, Any]) -> str:
+    """A short fingerprint of a run's config (canonical JSON, SHA-256): a committed record is reused only for
+    the config that produced it."""
+    import hashlib
+    import json
+
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def committed_records(out: Path) -> dict[str, dict[str, Any]]:
+    """The finished records of ``out/records.json`` (what a previous session committed), by run id."""
+    doc = rio.read_json(Path(out) / "records.json") or {}
+    return {r["run_id"]: r for r in doc.get("records", []) if isinstance(r, dict) and r.get("run_id")
+            and r.get("status") in _DONE}
+
+
+def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The committed record to reuse for ``spec``: only when the run folder holds no results of its own (those
+    win: they may be newer) and the record was made from exactly this config (``config_sha``)."""
+    rec = committed.get(spec.run_id)
+    if rec is None or rec.get("config_sha") != config_sha(spec.config):
+        return None
+    if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
+        return None
     return rec
 
 
@@ -397,11 +430,18 @@ def run_sweep(
     meta = dict(meta or {})
     done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(specs), f"{paper.name}")
+    committed = committed_records(out)
 
-    def finish(i: int, doc: dict[str, Any], cpu: float, wall: float) -> None:
+    def finish(i: int, doc: dict[str, Any] | None, cpu: float, wall: float, rec: dict[str, Any] | None = None
+               ) -> None:
         spec, run_dir = specs[i], out / "runs" / specs[i].run_id
-        rec = record_from_doc(spec, doc)
-        if not rec["reused"]:
+        if rec is not None:  # a committed record of this config: reused as it stands
+            rec = {**rec, "reused": True}
+        else:
+            rec = record_from_doc(spec, doc or {})
+        if doc is None:
+            pass  # the committed record keeps the CPU time it was measured with
+        elif not rec["reused"]:
             rec["cpu_time_s"] = cpu
             _note_cpu(run_dir, cpu)
         else:
@@ -419,8 +459,16 @@ def run_sweep(
     try:
         for spec in specs:
             (out / "runs" / spec.run_id).mkdir(parents=True, exist_ok=True)
+        todo = []
+        for i, spec in enumerate(specs):
+            rec = _committed_record(spec, out / "runs" / spec.run_id, committed)
+            if rec is not None:
+                finish(i, None, 0.0, 0.0, rec=rec)
+            else:
+                todo.append(i)
         if int(jobs) == 1:
-            for i, spec in enumerate(specs):
+            for i in todo:
+                spec = specs[i]
                 t0 = time.perf_counter()
                 doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend)
                 finish(i, doc, cpu, time.perf_counter() - t0)
@@ -429,8 +477,8 @@ def run_sweep(
             from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
             with ProcessPoolExecutor(max_workers=int(jobs), mp_context=mp.get_context("spawn")) as pool:
-                started = {pool.submit(_run_one_in_worker, paper.name, spec, str(out / "runs" / spec.run_id),
-                                       backend): (i, time.perf_counter()) for i, spec in enumerate(specs)}
+                started = {pool.submit(_run_one_in_worker, paper.name, specs[i], str(out / "runs" / specs[i].run_id),
+                                       backend): (i, time.perf_counter()) for i in todo}
                 pending = set(started)
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -455,7 +503,8 @@ def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Ca
     import copy
     import shutil
 
-    todo = [s for s in specs if not _finished(s, out / "runs" / s.run_id)]
+    committed = committed_records(out)
+    todo = [s for s in specs if not _finished(s, out / "runs" / s.run_id, committed)]
     pushsum = [s for s in todo if s.kind == "pushsum"]
     if not pushsum:
         est = [s for s in todo if s.kind in paper.estimators]
@@ -515,9 +564,12 @@ def _estimate_by_segments(paper: Paper, todo: list[RunSpec], n_todo: int, out: P
     return hours
 
 
-def _finished(spec: RunSpec, run_dir: Path) -> bool:
-    """Whether a run is done: the runner's results.json (push-sum runs), or a paper runner's own record
-    (``reproduce_doc.json``, e.g. Gau-LRQ) of this spec's config."""
+def _finished(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]] | None = None) -> bool:
+    """Whether a run is done: the runner's results.json (push-sum runs), a paper runner's own record
+    (``reproduce_doc.json``, e.g. Gau-LRQ) of this spec's config, or a committed record of this config
+    (``committed``: :func:`committed_records` of the output folder)."""
+    if committed is not None and _committed_record(spec, run_dir, committed) is not None:
+        return True
     doc = rio.read_json(run_dir / "results.json")
     if bool(doc) and doc.get("status") in _DONE:
         return True
