@@ -61,7 +61,7 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flower_dp._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
 from flower_dp.errors import BudgetExceededError, CheckpointError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
-from flower_dp.results import ensure_writable_dir, load_checkpoint, save_checkpoint, write_json
+from flower_dp.recorder import RunRecorder
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.rng import noise_record
 from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
@@ -219,11 +219,10 @@ class GauLRQ(FedAvg):
         self.server_lr = check_positive("server_lr", server_lr)
         self.bq_bits = check_int("bq_bits", bq_bits, minimum=2, maximum=16)
         self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
-        self.out_dir = Path(out_dir) if out_dir is not None else None
         self.keep_decoded = bool(keep_decoded)
         self.resume = bool(resume)
         self.reproducible = bool(reproducible)
-        if self.resume and self.out_dir is None:
+        if self.resume and out_dir is None:
             raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
         self.run_info = dict(run_info or {})
         self._nonce_given = stream_nonce is not None
@@ -251,6 +250,10 @@ class GauLRQ(FedAvg):
         self.initial_evaluate: dict | None = None
         self.stop_reason = "not started"
         self._pending: dict | None = None
+        # results.json and checkpoint.pt, stamped with the kind and the fingerprint (other settings are not resumed)
+        self.recorder = RunRecorder(out_dir, identity=self._identity,
+                                    refusals={"kind": _not_gau_lrq, "fingerprint": _other_settings})
+        self.out_dir = self.recorder.out_dir
 
     def _resolve_sample_size(self, clients_per_round, fraction_train, min_train_nodes, min_available_nodes) -> int:
         """B from GauLRQ's ``clients_per_round`` or FedAvg's rule; one error listing every contradiction."""
@@ -646,23 +649,18 @@ class GauLRQ(FedAvg):
         """A one-way tag of the run key: tells a resume with another secret apart (not the secret; checkpoint only)."""
         return hashlib.sha256(b"flower_dp.gau_lrq.secret-check\x00" + self._run_key).hexdigest()[:16]
 
+    def _identity(self) -> dict:
+        """What a checkpoint must match to be resumed (the recorder stores it first and compares it)."""
+        return {"kind": "gau_lrq", "fingerprint": self._fingerprint()}
+
     def _checkpoint(self, arrays: ArrayRecord) -> None:
-        save_checkpoint(self.out_dir, {
-            "kind": "gau_lrq", "fingerprint": self._fingerprint(), "stream_nonce": self.stream_nonce,
-            "secret_check": self._secret_check(), "rounds": self.rounds, "initial_evaluate": self.initial_evaluate,
-            "names": list(arrays.keys()), "arrays": [a.numpy() for a in arrays.values()]})
+        self.recorder.save_checkpoint({
+            "stream_nonce": self.stream_nonce, "secret_check": self._secret_check(), "rounds": self.rounds,
+            "initial_evaluate": self.initial_evaluate, "names": list(arrays.keys()), "arrays": [a.numpy() for a in arrays.values()]})
 
     def _restore(self, initial_arrays: ArrayRecord) -> tuple[ArrayRecord, int]:
         """Load ``out_dir/checkpoint.pt`` and return (theta after its last round, next round)."""
-        ck = load_checkpoint(self.out_dir)
-        if ck.get("kind") != "gau_lrq":
-            raise CheckpointError(f"checkpoint in {str(self.out_dir)!r} is not a GauLRQ checkpoint, got kind "
-                                  f"{ck.get('kind')!r}; point out_dir at a GauLRQ run or drop resume")
-        mine, theirs = self._fingerprint(), ck["fingerprint"]
-        diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
-        if diff:
-            raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the strategy differs from the checkpointed "
-                                  f"run in {sorted(diff)} (checkpoint, now) = {diff}; use the same settings")
+        ck = self.recorder.load_checkpoint()  # checksum, kind and fingerprint
         if self._nonce_given and self.stream_nonce != ck["stream_nonce"]:
             raise CheckpointError(f"cannot resume: stream_nonce {self.stream_nonce!r} differs from the checkpoint's "
                                   f"{ck['stream_nonce']!r}; leave stream_nonce unset when resuming")
@@ -750,10 +748,9 @@ class GauLRQ(FedAvg):
     def save_results(self, arrays: ArrayRecord | None = None) -> None:
         """Write ``results.json`` (and, given the current weights, the checkpoint) into ``out_dir``, atomically."""
         if self.out_dir is not None:
-            ensure_writable_dir(self.out_dir)
             if arrays is not None:
                 self._checkpoint(arrays)
-            write_json(self.out_dir / "results.json", self.results())
+            self.recorder.write(self.results())
 
 
 def message_bytes(msg: Message) -> int:
@@ -780,6 +777,18 @@ def _log_start_info(num_rounds: int, arrays: ArrayRecord, train_config: ConfigRe
     log(INFO, "\t├── ArrayRecord (%.2f MB)", sum(len(a.data) for a in arrays.values()) / (1024 ** 2))
     for name, cfg in (("train", train_config), ("evaluate", evaluate_config)):
         log(INFO, "\t├── ConfigRecord (%s): %s", name, dict(cfg) if cfg else "(empty!)")
+
+
+def _not_gau_lrq(where: str, kind, _mine) -> str:
+    return (f"checkpoint in {where} is not a GauLRQ checkpoint, got kind {kind!r}; point out_dir at a GauLRQ run or "
+            "drop resume")
+
+
+def _other_settings(where: str, theirs: dict | None, mine: dict) -> str:
+    theirs = theirs or {}
+    diff = {k: (theirs.get(k), mine[k]) for k in mine if theirs.get(k) != mine[k]}
+    return (f"cannot resume {where}: the strategy differs from the checkpointed run in {sorted(diff)} "
+            f"(checkpoint, now) = {diff}; use the same settings")
 
 
 def _array(v: np.ndarray):

@@ -67,6 +67,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
+from flower_dp.recorder import FAILED, FINISHED, RUNNING, STOPPED_BY_BUDGET, RunRecorder
 from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
@@ -125,8 +126,10 @@ class PushSumStrategy(Strategy):
         self.iters_per_round = check_int("iters_per_round", iters_per_round, minimum=1)
         self.transport = check_choice("transport", transport, ("ray", "relay"))
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
-        self.out_path = rio.ensure_writable_dir(out_dir) if out_dir else None
         self.checkpoint, self.run_name = bool(checkpoint), run_name
+        # results.json, history.csv and checkpoint.pt (stamped with _meta: a resume of other settings is refused)
+        self.recorder = RunRecorder(out_dir, identity={"meta": self._meta()}, checkpoint=self.checkpoint)
+        self.out_path = self.recorder.out_dir
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
         self.resume = bool(resume)
         self.debug_metrics = bool(debug_metrics)
@@ -241,10 +244,10 @@ class PushSumStrategy(Strategy):
                  self.iters_per_round, self.transport)
         result = Result()
         self._result = result
-        status, error = "running", None
+        status, error = RUNNING, None
         k_done = 0
         if self.resume:
-            self._snapshot = self._load_checkpoint()
+            self._snapshot = self.recorder.load_checkpoint()
             k_done = int(self._snapshot["k"])
             self.history, self.bits = list(self._snapshot["history"]), np.asarray(self._snapshot["bits"], dtype=np.int64)
         if evaluate_fn is not None and k_done == 0 and self._initial is not None:
@@ -274,13 +277,13 @@ class PushSumStrategy(Strategy):
                 for key, v in self._eps_metrics().items():
                     server[key] = v
                 result.evaluate_metrics_serverapp[rnd] = server
-                self._write("running", t0, error)
-            status = "finished"
+                self._write(RUNNING, t0, error)
+            status = FINISHED
         except Exception as exc:
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            status, error = FAILED, f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            if self.history or status != "failed":  # a run refused before its first segment leaves no file
+            if self.history or status != FAILED:  # a run refused before its first segment leaves no file
                 self._write(status, t0, error)
             if self.last_average is not None:
                 result.arrays = self.average_arrays(self.last_average)
@@ -416,7 +419,7 @@ class PushSumStrategy(Strategy):
 
     def _keep_states(self, restartable: bool) -> bool:
         """Whether the nodes' states come back after each segment: for the checkpoint, or in memory for restarts."""
-        return (self.checkpoint and self.out_path is not None) or (restartable and self.max_retries > 0)
+        return self.recorder.checkpoint or (restartable and self.max_retries > 0)
 
     def _check_ray_reachable(self, grid: Grid) -> None:
         """Fail in seconds where ``transport="ray"`` cannot work: Flower's deployment engine without a shared Ray.
@@ -445,22 +448,14 @@ class PushSumStrategy(Strategy):
         return {"n_nodes": self.n_nodes, "num_iters": self.num_iters, "iters_per_round": self.iters_per_round,
                 "algorithm": self.spec.get("algorithm", "custom")}
 
-    def _load_checkpoint(self) -> dict[str, Any]:
-        ck = rio.load_checkpoint(self.out_path)  # refuses a corrupted file (checksum)
-        if ck.get("meta") != self._meta():
-            raise CheckpointError(f"the checkpoint in {str(self.out_path)!r} was written by a different run "
-                                  f"({ck.get('meta')}), got {self._meta()}; resume with the same settings or use a "
-                                  "new out_dir")
-        return ck
-
     def _restore(self, k0: int) -> dict[int, Any]:
         """Node states (and history, bits) of the checkpoint at iteration ``k0``."""
         ck = self._snapshot
         if ck is None or int(ck["k"]) != k0:
-            if self.out_path is None or not self.checkpoint:
+            if not self.recorder.checkpoint:
                 raise CheckpointError(f"no checkpoint at k={k0} to restore the nodes from, got none; run with an "
                                       "out_dir and checkpoint=True")
-            ck = self._load_checkpoint()
+            ck = self.recorder.load_checkpoint()  # refuses a corrupted file (checksum) or another run's
         if int(ck["k"]) != k0:
             raise CheckpointError(f"the checkpoint in {str(self.out_path)!r} is at k={ck['k']}, the nodes must be "
                                   f"restored at k={k0}; got a stale file, start a new out_dir")
@@ -566,10 +561,10 @@ class PushSumStrategy(Strategy):
                                                    if isinstance(v, (int, float))})
         self.history.append(row)
         if states is not None:
-            snap = {"meta": self._meta(), "k": k, "nodes": [states[i] for i in range(self.n_nodes)],
+            snap = {"k": k, "nodes": [states[i] for i in range(self.n_nodes)],
                     "history": list(self.history), "bits": self.bits.tolist(), "privacy": self.privacy}
-            if self.checkpoint and self.out_path is not None:
-                rio.save_checkpoint(self.out_path, snap)
+            if self.recorder.checkpoint:
+                self.recorder.save_checkpoint(snap)
                 self._snapshot = None  # restore from the checksummed file
             else:
                 self._snapshot = snap
@@ -589,9 +584,9 @@ class PushSumStrategy(Strategy):
         plan = self.spec.get("plan")
         summary = getattr(plan, "summary", None)
         rows = [{**{key: v for key, v in row.items() if key != "eval"}, **row.get("eval", {})} for row in self.history]
-        if status == "finished" and plan is not None and self.num_iters < int(getattr(plan, "num_iters_requested",
-                                                                                      self.num_iters)):
-            status = "stopped_by_budget"
+        if status == FINISHED and plan is not None and self.num_iters < int(getattr(plan, "num_iters_requested",
+                                                                                    self.num_iters)):
+            status = STOPPED_BY_BUDGET
         doc = {"name": self.run_name, "status": status, "error": error,
                "config": (self.spec.get("config") or {}), "seed": getattr(plan, "seed", None),
                # the toy node (no plan) draws seeded noise and claims no privacy
@@ -603,5 +598,4 @@ class PushSumStrategy(Strategy):
                "privacy": {"per_node": self.privacy, "plan": summary() if callable(summary) else {}},
                "bits_sent_per_node": self.bits.tolist(), "failures": self.failures,
                "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}
-        rio.write_json(self.out_path / "results.json", rio.jsonable(doc))
-        rio.write_csv(self.out_path / "history.csv", rows)
+        self.recorder.write(doc, rows)

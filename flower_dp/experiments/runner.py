@@ -26,10 +26,11 @@ import numpy as np
 import torch
 
 from .. import results as rio
-from ..errors import CheckpointError, NonFiniteError
+from ..errors import NonFiniteError
 from ..gossip import run_iteration
 from ..privacy.budget import charge_replay
 from ..models import cross_entropy_loss, resolve_device
+from ..recorder import FAILED, FINISHED, RUNNING, STOPPED_BY_BUDGET, RunRecorder
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
 from .config import ExperimentConfig
@@ -177,6 +178,16 @@ def _privacy_section(plan, nodes) -> dict[str, Any]:
     return {"per_node": per_node, "plan": summary() if callable(summary) else {}}
 
 
+def _different_config(where: str, got: Any, want: Any) -> str:
+    return (f"the checkpoint in {where} was written by a different config; "
+            "resume with the same config or use a new --out folder")
+
+
+def _upgrade_checkpoint(ckpt: dict[str, Any]) -> None:
+    if isinstance((ckpt.get("config") or {}).get("run"), dict):  # before [run] reproducible every run was seeded
+        ckpt["config"]["run"].setdefault("reproducible", True)
+
+
 def _progress(total: int, enabled: bool, desc: str):
     try:
         from tqdm.auto import tqdm
@@ -212,7 +223,9 @@ def run_experiment(
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
     t0 = time.perf_counter()
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
-    out_path = rio.ensure_writable_dir(out) if out else None
+    recorder = RunRecorder(out, identity={"config": cfg.to_dict()}, checkpoint=cfg.run.get("checkpoint", True),
+                           refusals={"config": _different_config})
+    out_path = recorder.out_dir
     nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
     eval_model, x_test, y_test = _to_device(eval_model, x_test, y_test, info["device"])
     K = _plan_num_iters(plan, int(cfg.run["num_iters"]))
@@ -223,14 +236,7 @@ def run_experiment(
     if resume:
         if out_path is None:
             raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
-        ckpt = rio.load_checkpoint(out_path)
-        if isinstance((ckpt.get("config") or {}).get("run"), dict):  # before [run] reproducible every run was seeded
-            ckpt["config"]["run"].setdefault("reproducible", True)
-        if ckpt.get("config") != cfg.to_dict():
-            raise CheckpointError(
-                f"the checkpoint in {str(out_path)!r} was written by a different config; "
-                "resume with the same config or use a new --out folder"
-            )
+        ckpt = recorder.load_checkpoint(upgrade=_upgrade_checkpoint)
         k_start = int(ckpt["k"])
         for node, state in zip(nodes, ckpt["nodes"]):
             if hasattr(node, "plan"):  # secret mode: the segment the stopped run may have sent is charged again
@@ -243,7 +249,7 @@ def run_experiment(
             node.setup()
         train_cpu = 0.0  # CPU seconds spent in the iterations (not in set-up or evaluation)
 
-    status, error = "running", None
+    status, error = RUNNING, None
     debug = bool(cfg.run.get("debug_metrics", False))
     released = release_fields(debug, private=all(node_is_private(n) for n in nodes))
     if debug and released.get("uncharged_statistics_released"):
@@ -252,7 +258,7 @@ def run_experiment(
     def write(status_now: str) -> None:
         if out_path is None:
             return
-        doc = {
+        recorder.write({
             "name": cfg.run["name"],
             "status": status_now,
             "error": error,
@@ -271,9 +277,7 @@ def run_experiment(
             "wall_time_s": time.perf_counter() - t0,
             "train_cpu_s": train_cpu,
             "versions": rio.versions(),
-        }
-        rio.write_json(out_path / "results.json", doc)
-        rio.write_csv(out_path / "history.csv", history)
+        }, history)
 
     show = cfg.run.get("progress", True) if progress is None else progress
     bar = _progress(K - k_start, show, cfg.run["name"])
@@ -305,16 +309,13 @@ def run_experiment(
             for key, vals in seg_metrics.items():
                 row[key] = float(np.nanmean(vals)) if vals else float("nan")
             history.append(row)
-            if out_path is not None and cfg.run.get("checkpoint", True):
-                rio.save_checkpoint(
-                    out_path,
-                    {"config": cfg.to_dict(), "k": k, "nodes": [n.state_dict() for n in nodes],
-                     "history": history, "bits": bits.tolist(), "train_cpu_s": train_cpu},
-                )
-            write("running")
-        status = "finished" if K == int(cfg.run["num_iters"]) else "stopped_by_budget"
+            if recorder.checkpoint:
+                recorder.save_checkpoint({"k": k, "nodes": [n.state_dict() for n in nodes], "history": history,
+                                          "bits": bits.tolist(), "train_cpu_s": train_cpu})
+            write(RUNNING)
+        status = FINISHED if K == int(cfg.run["num_iters"]) else STOPPED_BY_BUDGET
     except NonFiniteError as exc:
-        status, error = "failed", str(exc)
+        status, error = FAILED, str(exc)
         write(status)
         raise
     finally:

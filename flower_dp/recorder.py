@@ -1,0 +1,101 @@
+"""One run's files: ``results.json``, ``history.csv`` and the checksummed ``checkpoint.pt``, and the resume check.
+
+The in-process runner (:func:`flower_dp.experiments.run_experiment`), :class:`flower_dp.strategies.PushSumStrategy`
+and :class:`flower_dp.strategies.GauLRQ` write their runs through a :class:`RunRecorder`.  Each caller builds its
+own results document (its backend, timings, privacy section); the recorder decides where and how the files are
+written (atomically, :mod:`flower_dp.results`), stamps every checkpoint with the run's *identity* (the config or
+settings that determine the numbers) and refuses, with :class:`~flower_dp.errors.CheckpointError`, a checkpoint
+that is corrupted (checksum), written by an older flower-dp (a pickle) or by a run of another identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import results as rio
+from .errors import CheckpointError
+
+__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STATUSES"]
+
+#: ``results.json["status"]``: while segments run, after the last one, cut short by the privacy budget, after an error
+RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED = "running", "finished", "stopped_by_budget", "failed"
+STATUSES = (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED)
+
+#: ``refusal(where, checkpoint's value, this run's value) -> message`` for one identity field
+Refusal = Callable[[str, Any, Any], str]
+
+
+def _different_run(where: str, got: Any, want: Any) -> str:
+    return (f"the checkpoint in {where} was written by a different run ({got}), got {want}; resume with the same "
+            "settings or use a new out_dir")
+
+
+class RunRecorder:
+    """Writes one run's results and checkpoints into ``out_dir`` and checks a checkpoint before a resume.
+
+    Parameters
+    ----------
+    out_dir : path or None
+        Created if needed (``ValueError`` naming it when not writable); None: the recorder writes nothing.
+    identity : dict or callable returning one
+        Fields stored first in every checkpoint (e.g. ``{"config": cfg.to_dict()}``); :meth:`load_checkpoint`
+        refuses a checkpoint whose fields differ.  A callable is asked each time (settings fixed late).
+    checkpoint : bool
+        Write ``checkpoint.pt`` at all (False: :meth:`save_checkpoint` does nothing).
+    refusals : dict, optional
+        Per identity field, ``refusal(where, checkpoint's value, this run's value) -> message`` of the
+        CheckpointError raised when they differ (default: "written by a different run (...)").
+    """
+
+    def __init__(self, out_dir: str | Path | None, *, identity: Mapping[str, Any] | Callable[[], Mapping[str, Any]],
+                 checkpoint: bool = True, refusals: Mapping[str, Refusal] | None = None) -> None:
+        self.out_dir = rio.ensure_writable_dir(out_dir) if out_dir else None
+        self.checkpoint = bool(checkpoint) and self.out_dir is not None
+        self._identity = identity
+        self._refusals = dict(refusals or {})
+
+    @property
+    def where(self) -> str:
+        """The folder as error messages quote it."""
+        return repr(str(self.out_dir))
+
+    def identity(self) -> dict[str, Any]:
+        """The identity fields of this run, as its checkpoints store them."""
+        return dict(self._identity() if callable(self._identity) else self._identity)
+
+    def write(self, doc: dict[str, Any], rows: list[dict[str, Any]] | None = None) -> None:
+        """Write ``doc`` to ``results.json`` and, given, the history ``rows`` to ``history.csv``, each atomically."""
+        if self.out_dir is None:
+            return
+        if doc.get("status", RUNNING) not in STATUSES:
+            raise ValueError(f"results status must be one of {STATUSES}, got {doc['status']!r}")
+        rio.write_json(self.out_dir / "results.json", doc)
+        if rows is not None:
+            rio.write_csv(self.out_dir / "history.csv", rows)
+
+    def save_checkpoint(self, state: dict[str, Any]) -> Path | None:
+        """Save the identity fields and ``state`` to ``checkpoint.pt`` (checksummed, atomic; never a pickle)."""
+        if not self.checkpoint:
+            return None
+        return rio.save_checkpoint(self.out_dir, {**self.identity(), **state})
+
+    def load_checkpoint(self, upgrade: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The checkpoint in ``out_dir``, checked: ``upgrade`` first fills in what older checkpoints lack.
+
+        Raises
+        ------
+        CheckpointError
+            If there is none, it is corrupted or from an older flower-dp (:func:`flower_dp.results.load_checkpoint`),
+            or an identity field differs from this run's (checked in the order given).
+        """
+        if self.out_dir is None:
+            raise CheckpointError("no out_dir, so no checkpoint to resume from; pass the run's out_dir")
+        ck = rio.load_checkpoint(self.out_dir)
+        if upgrade is not None:
+            upgrade(ck)
+        for key, want in self.identity().items():
+            if ck.get(key) != want:
+                raise CheckpointError(self._refusals.get(key, _different_run)(self.where, ck.get(key), want))
+        return ck
