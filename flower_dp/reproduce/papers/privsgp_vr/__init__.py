@@ -10,14 +10,14 @@ never gives c2).  Noise then follows eq. (11) for each K (``calibration = "paper
 paper's Fig. 7 does, and the rigorous eps of each run is reported beside the target.
 
 One module per figure: :mod:`.headline` (Figs. 7 / 9, and Fig. 10 which shares its functions), :mod:`.fig8`,
-:mod:`.fig6`, :mod:`.fig2`, :mod:`.cifar` (the CIFAR twins Figs. 1 / 3 / 4 / 5); :mod:`._shared` holds the
+:mod:`.fig6`, :mod:`.fig2`, :mod:`.fig9_diag` (why VR ties no VR at Fig. 9's setting), :mod:`.cifar` (the CIFAR twins Figs. 1 / 3 / 4 / 5); :mod:`._shared` holds the
 settings, the K* estimate and the differences from the paper.
 """
 
 from __future__ import annotations
 
 from ...core import paper_of_tables
-from . import cifar, fig2, fig6, fig8, headline
+from . import cifar, fig2, fig6, fig8, fig9_diag, headline
 from ._shared import (C2, DELTA, FIG2_CONST, K_RATIOS, K_RATIOS_EXTRA, MODEL, SETTINGS, differences,
                       estimate_kstar_constants, fig2_k_star, k_star)
 from .fig2 import FIG2, FIG2_K_RATIOS
@@ -31,7 +31,7 @@ __all__ = ["PAPER", "C2", "DELTA", "MODEL", "SETTINGS", "K_RATIOS", "K_RATIOS_EX
 PAPER = paper_of_tables(
     name="privsgp-vr",
     title="PrivSGP-VR: differentially private variance-reduced stochastic gradient push",
-    tables={"headline": headline.HEADLINE, "fig10": headline.FIG10, "fig8": fig8.TABLE, "fig6": fig6.TABLE,
+    tables={"headline": headline.HEADLINE, "fig10": headline.FIG10, "fig8": fig8.TABLE, "fig9-diag": fig9_diag.TABLE, "fig6": fig6.TABLE,
             "fig2": fig2.TABLE, **cifar.TABLES},
     default_table="headline",
     default_seeds={"smoke": 1, "ci": 2, "full": 3},
