@@ -37,8 +37,12 @@ def _kill_group(proc: subprocess.Popen) -> None:
         time.sleep(1)
 
 
-def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400) -> str:
-    """Run ``flwr run APP`` with FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; return its stdout + stderr."""
+def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400,
+             runtime_install: bool = False) -> str:
+    """Run ``flwr run APP``; return its stdout + stderr (and the SuperLink log's tail).
+
+    ``runtime_install=False`` sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; ``True`` leaves Flower's default
+    (``uv sync`` of the app's dependencies into a fresh environment per run)."""
     bin_dir = Path(sys.executable).parent
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -48,6 +52,8 @@ def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: s
     env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
                PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", RAY_ADDRESS=f"127.0.0.1:{ray_port}",
                RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray keeps the node on 127.0.0.1 (flower_dp._ray_local)
+    if runtime_install:
+        env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")
     ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
     ray_head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",

@@ -7,13 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +19,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flwr_run_helper import flwr_run
 from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
@@ -106,66 +100,16 @@ def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path
     assert strategy.privacy_spent().num_releases == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-            proc.wait(timeout=20)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 @pytest.mark.slow
 @pytest.mark.flower
 def test_flwr_run_example_with_flowers_default_runtime_dependency_installation(tmp_path):
     """`flwr run examples/gau_lrq` with FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION unset: Flower's `uv sync`
     has nothing to fetch (flower-dp comes from this environment), the run trains and writes eps per round."""
-    bin_dir = Path(sys.executable).parent
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    port, ray_port = _free_port(), _free_port()
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = dict(os.environ, FLWR_HOME=str(home), PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
-               RAY_ADDRESS=f"127.0.0.1:{ray_port}", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
-    env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", None)
-    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")
-    ray_head = subprocess.Popen(
-        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
-         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    link = subprocess.Popen(
-        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     out = tmp_path / "out"
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            with socket.socket() as s, socket.socket() as r:
-                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
-                    break
-            assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
-            time.sleep(0.5)
-        app = Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"
-        proc = subprocess.run(
-            [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", "num-supernodes=4",
-             "--run-config", (f"num-clients=4 clients-per-round=2 num-rounds=2 local-steps=1 test-samples=100 "
-                              f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'")],
-            env=env, capture_output=True, text=True, timeout=400)
-        text = proc.stdout + proc.stderr
-    finally:
-        _stop(link)
-        _stop(ray_head)
-        shutil.rmtree(ray_temp, ignore_errors=True)
+    app = Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"
+    text = flwr_run(app, tmp_path, federation_config="num-supernodes=4", runtime_install=True,
+                    run_config=(f"num-clients=4 clients-per-round=2 num-rounds=2 local-steps=1 test-samples=100 "
+                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'"))
     assert "App dependencies installed successfully via uv sync" in text, text[-4000:]
     res = out / "lrq" / "results.json"
     assert res.is_file(), text[-4000:]
