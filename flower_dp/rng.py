@@ -31,7 +31,6 @@ functions take an int seed or a :class:`NodeKey`.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 
 import numpy as np
@@ -150,10 +149,3 @@ def torch_generator(seed: int | NodeKey, node: int, purpose: str | int, k: int =
     return g
 
 
-def key_digest(*parts: object) -> bytes:
-    """A 32-byte digest of the parts (used to derive keyed streams from secrets)."""
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(repr(_seed_int(p) if isinstance(p, NodeKey) else p).encode())
-        h.update(b"\x00")
-    return h.digest()
