@@ -16,7 +16,8 @@ The ClientApp is driven by :class:`flower_dp.strategies.push_sum.PushSumStrategy
 Nodes come from a *node builder* ``builder(node_id, spec, context) -> factory`` where
 ``factory(node_id, device) -> Node`` is picklable.  :func:`toy_builder` builds the demo
 node below; :func:`registry_builder` builds the algorithm nodes of
-:mod:`flower_dp.clients.registry` from the plan the server sends.
+:mod:`flower_dp.clients.registry` from the plan the server sends, through the in-process runner's node
+builder (:mod:`flower_dp.clients.builder`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import torch
 from flower_dp.gossip import Contribution, Share
 from flower_dp.gossip import relay as keys
 from flower_dp.rng import NodeKey, numpy_rng
+
+from .builder import base_topology, build_parts, make_run_node, model_dim, run_topology
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
            "registry_builder", "spec_from_config", "plan_spec", "model_builder", "make_client_app", "handle_message",
@@ -169,73 +172,25 @@ def toy_builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int,
                              topology_kwargs=dict(spec.get("topology_kwargs", {})), **dict(spec.get("node_kwargs", {})))
 
 
-_DATA_CACHE: dict[tuple, Any] = {}
-
-
-def _load_cached(name: str, root: Any, train: bool) -> Any:
-    from flower_dp.data import load_dataset
-
-    key = (name, root, train)
-    if key not in _DATA_CACHE:
-        _DATA_CACHE[key] = load_dataset(name, train=train, root=root)
-    return _DATA_CACHE[key]
-
-
-def _partitions(config: dict) -> tuple[Any, list]:
-    import numpy as np
-
-    from flower_dp.data import partition
-
-    seed, n, data = int(config["run"]["seed"]), int(config["topology"]["n_nodes"]), config["data"]
-    train = _load_cached(data["dataset"], data["root"], True)
-    parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
-    if data["samples_per_node"]:
-        parts = [p[: int(data["samples_per_node"])] for p in parts]
-    return train, parts
-
-
-def _new_model(config: dict, num_classes: int) -> Any:
-    from flower_dp.models import build_model
-
-    model_kw = {k: v for k, v in config["model"].items() if k != "name"}
-    return build_model(config["model"]["name"], num_classes=num_classes, seed=int(config["run"]["seed"]), **model_kw)
-
-
 def spec_from_config(config: Any) -> dict[str, Any]:
-    """Server side: the node spec (config + calibrated plan) of an experiment config, as the in-process runner plans it.
+    """Server side: the node spec (config + calibrated plan) of an experiment config, as the in-process runner plans it
+    (:func:`flower_dp.clients.builder.build_parts`).
 
     ``spec["plan"].num_iters`` is K after the budget's pre-flight truncation.
     """
-    from flower_dp.clients.registry import prepare
-
-    cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    train, parts = _partitions(cfg)
-    dim = sum(p.numel() for p in _new_model(cfg, train.num_classes).parameters())
-    plan = prepare(cfg["algorithm"]["name"], dict(cfg["algorithm"]["params"]), n_nodes=int(cfg["topology"]["n_nodes"]),
-                   samples_per_node=[len(p) for p in parts], num_iters=int(cfg["run"]["num_iters"]), dim=dim,
-                   seed=int(cfg["run"]["seed"]), reproducible=bool(cfg["run"].get("reproducible", False)))
-    return {"builder": "registry", "algorithm": cfg["algorithm"]["name"], "config": cfg, "plan": plan}
+    parts = build_parts(config, test=False)
+    return {"builder": "registry", "algorithm": parts.config["algorithm"]["name"], "config": parts.config,
+            "plan": parts.plan}
 
 
 def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan: Any) -> Any:
     """Build node ``node_id`` of an experiment config exactly as the in-process runner does.
 
-    Runs where the node will live (host actor or ClientApp): loads the dataset (cached per
-    process), takes this node's partition (same seed and scheme as
-    :func:`flower_dp.experiments.build_experiment`), builds the model, calls ``make_node``.
+    Runs where the node will live (host actor or ClientApp), through the runner's node builder
+    (:func:`flower_dp.clients.builder.build_parts` with the server's plan): loads the dataset (cached per
+    process), takes this node's partition, builds the topology and the model, calls ``make_node``.
     """
-    from flower_dp.clients.registry import make_node, topology_for
-    from flower_dp.models import cross_entropy_loss as _loss_fn
-    from flower_dp.topology import check_strongly_connected, make_topology
-
-    train, parts = _partitions(config)
-    idx = torch.as_tensor(parts[node_id], dtype=torch.long)
-    topo_kw = {k: v for k, v in config["topology"].items() if k not in ("name", "n_nodes")}
-    base = make_topology(config["topology"]["name"], int(config["topology"]["n_nodes"]), check=False, **topo_kw)
-    topology = topology_for(plan, base)  # DPPS family adds its sync rounds, as the in-process runner does
-    check_strongly_connected(topology)
-    return make_node(plan, node_id=node_id, topology=topology, model=_new_model(config, train.num_classes),
-                     loss_fn=_loss_fn, data_x=train.x[idx], data_y=train.y[idx], device=device)
+    return build_parts(config, plan=plan, test=False).build_node(node_id, device)
 
 
 def build_plan_node(node_id: int, device: str = "cpu", *, plan: Any, topology: Any, model_fn: Callable[[], Any],
@@ -245,12 +200,9 @@ def build_plan_node(node_id: int, device: str = "cpu", *, plan: Any, topology: A
     ``model_fn`` and ``loss_fn`` must be picklable (e.g. ``functools.partial(build_model, ...)``);
     the loss defaults to cross-entropy, as in the in-process runner.
     """
-    from flower_dp.clients.registry import make_node
-    from flower_dp.models import cross_entropy_loss as _loss_fn
-
     x, y = data[node_id]
-    return make_node(plan, node_id=node_id, topology=topology, model=model_fn(), loss_fn=loss_fn or _loss_fn,
-                     data_x=x, data_y=y, device=device)
+    return make_run_node(plan, node_id, topology=topology, model=model_fn(), data_x=x, data_y=y, device=device,
+                         loss_fn=loss_fn)
 
 
 def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
@@ -286,10 +238,10 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
         entropy).  True: the simulation mode keyed by ``seed`` (same numbers on every backend; the
         guarantee holds only against parties that do not know the seed).
     """
-    from flower_dp.clients.registry import prepare
+    from .registry import prepare
 
     J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
-    dim = sum(p.numel() for p in model_fn().parameters())
+    dim = model_dim(model_fn())
     plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
                    dim=dim, seed=int(seed), reproducible=bool(reproducible))
     return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
@@ -307,14 +259,9 @@ def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], t
     """
 
     def builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
-        from flower_dp.clients.registry import topology_for
-        from flower_dp.topology import check_strongly_connected, make_topology
-
         plan = spec["plan"]
         x, y = load_data(int(node_id), int(plan.n_nodes))
-        base = make_topology(spec["topology"], int(plan.n_nodes), check=False, **dict(spec["topology_kwargs"]))
-        topology = topology_for(plan, base)
-        check_strongly_connected(topology)
+        topology = run_topology(plan, base_topology(spec["topology"], int(plan.n_nodes), spec["topology_kwargs"]))
         return functools.partial(build_plan_node, plan=plan, topology=topology, model_fn=model_fn,
                                  data={int(node_id): (x, y)}, loss_fn=loss_fn)
 

@@ -88,74 +88,18 @@ def _to_device(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device:
 
 
 def build_experiment(cfg: ExperimentConfig):
-    """Load data, partition it, build the topology, the plan and the nodes.
+    """Load data, partition it, build the topology, the plan and the nodes (:func:`flower_dp.clients.builder.build_parts`,
+    the node builder the ClientApp uses too).
 
     Returns ``(nodes, plan, topology, (x_test, y_test), eval_model, info)``.
     """
-    from ..data import load_dataset, partition
-    from ..models import build_model
-    from ..topology import check_strongly_connected, make_topology
-    from ..clients.registry import make_node, prepare, topology_for
+    from ..clients.builder import build_parts
 
-    seed = int(cfg.run["seed"])
-    n = cfg.n_nodes
-    data = cfg.data
-    train = load_dataset(data["dataset"], train=True, root=data["root"])
-    test = load_dataset(data["dataset"], train=False, root=data["root"])
-    parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
-    if data["samples_per_node"]:
-        parts = [p[: int(data["samples_per_node"])] for p in parts]
-    x_test, y_test = test.x, test.y
-    if data["test_samples"]:
-        x_test, y_test = x_test[: int(data["test_samples"])], y_test[: int(data["test_samples"])]
-
-    model_kw = {k: v for k, v in cfg.model.items() if k != "name"}
-    topo_kw = {k: v for k, v in cfg.topology.items() if k not in ("name", "n_nodes")}
-    base_topology = make_topology(cfg.topology["name"], n, check=False, **topo_kw)
-
-    def new_model():
-        return build_model(cfg.model["name"], num_classes=train.num_classes, seed=seed, **model_kw)
-
-    eval_model = new_model()
-    dim = sum(p.numel() for p in eval_model.parameters())
-    plan = prepare(
-        cfg.algorithm["name"],
-        dict(cfg.algorithm["params"]),
-        n_nodes=n,
-        samples_per_node=[len(p) for p in parts],
-        num_iters=int(cfg.run["num_iters"]),
-        dim=dim,
-        seed=seed,
-        reproducible=bool(cfg.run.get("reproducible", False)),
-    )
-    topology = topology_for(plan, base_topology)  # DPPS family adds sync rounds, A(DP)2SGD its matchings
-    check_strongly_connected(topology)  # e.g. DPPS's 1-Out (self-loops only) is connected by its sync rounds
+    parts = build_parts(cfg)
+    eval_model = parts.new_model()
     device = resolve_device(str(cfg.run.get("device", "cpu")))
-    nodes = []
-    for i in range(n):
-        idx = torch.as_tensor(parts[i], dtype=torch.long)
-        nodes.append(
-            make_node(
-                plan,
-                node_id=i,
-                topology=topology,
-                model=new_model(),
-                loss_fn=_loss_fn,
-                data_x=train.x[idx],
-                data_y=train.y[idx],
-                device=device,
-            )
-        )
-    info = {
-        "dataset": train.name,
-        "synthetic_data": bool(getattr(train, "synthetic", False)),
-        "samples_per_node": [len(p) for p in parts],
-        "test_samples": len(x_test),
-        "dim": dim,
-        "topology": topology.name,
-        "device": device,
-    }
-    return nodes, plan, topology, (x_test, y_test), eval_model, info
+    nodes = [parts.build_node(i, device) for i in range(cfg.n_nodes)]
+    return nodes, parts.plan, parts.topology, parts.test_data(), eval_model, parts.info(device)
 
 
 def _network_average(nodes) -> torch.Tensor:
