@@ -435,17 +435,15 @@ def run_sweep(
     def finish(i: int, doc: dict[str, Any] | None, cpu: float, wall: float, rec: dict[str, Any] | None = None
                ) -> None:
         spec, run_dir = specs[i], out / "runs" / specs[i].run_id
-        if rec is not None:  # a committed record of this config: reused as it stands
+        if rec is not None:  # a committed record of this config, reused as it stands (its CPU time included)
             rec = {**rec, "reused": True}
         else:
-            rec = record_from_doc(spec, doc or {})
-        if doc is None:
-            pass  # the committed record keeps the CPU time it was measured with
-        elif not rec["reused"]:
-            rec["cpu_time_s"] = cpu
-            _note_cpu(run_dir, cpu)
-        else:
-            rec["cpu_time_s"] = _read_cpu(run_dir)
+            rec = record_from_doc(spec, doc)
+            if rec["reused"]:
+                rec["cpu_time_s"] = _read_cpu(run_dir)
+            else:
+                rec["cpu_time_s"] = cpu
+                _note_cpu(run_dir, cpu)
         done[i] = rec
         state = "reused (already finished)" if rec["reused"] else f"done in {wall:.0f} s"
         eps = (f"eps heuristic {fmt(rec['eps_heuristic'])} (no DP proof)" if "eps_heuristic" in rec
@@ -564,11 +562,11 @@ def _estimate_by_segments(paper: Paper, todo: list[RunSpec], n_todo: int, out: P
     return hours
 
 
-def _finished(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]] | None = None) -> bool:
+def _finished(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]]) -> bool:
     """Whether a run is done: the runner's results.json (push-sum runs), a paper runner's own record
     (``reproduce_doc.json``, e.g. Gau-LRQ) of this spec's config, or a committed record of this config
     (``committed``: :func:`committed_records` of the output folder)."""
-    if committed is not None and _committed_record(spec, run_dir, committed) is not None:
+    if _committed_record(spec, run_dir, committed) is not None:
         return True
     doc = rio.read_json(run_dir / "results.json")
     if bool(doc) and doc.get("status") in _DONE:
