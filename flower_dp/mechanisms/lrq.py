@@ -38,6 +38,16 @@ coordinates (:func:`_undecided`); the decoder evaluates Eq. 12's ``m w`` only wh
 (``0 * w + x == x`` exactly).  A block with many undecided / nonzero coordinates is computed
 densely (and the encoder then skips the test for the next few blocks).  Either way every
 coordinate gets exactly what the dense formula gives.
+
+Fused kernels (optional, ``pip install flower-dp[fast]``: numba).  With numba installed, the cheap
+exact passes of each side (the bound test, gathering the undecided / nonzero coordinates, the
+decoder's ``x sigma`` where ``m = 0``, the input's max and finiteness check) run as one compiled loop
+per block (:mod:`._lrq_numba`) instead of one numpy call per operation.  The random draws and the
+transcendental layer arithmetic stay in numpy, so the output (m, the tag, every decoded value) is
+bit for bit the numpy path's.  ``FLOWER_DP_LRQ_KERNEL`` (:data:`KERNEL_ENV`) chooses: ``auto``
+(default: the kernels when numba imports and ``d >= 2^17``, below which numba's one-time import
+and cache load, 0.5-1 s of CPU, outweigh what they save), ``numba`` (always; ImportError without numba) or
+``numpy`` (never).
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 
@@ -66,6 +77,7 @@ __all__ = [
     "lrq_message_bits",
     "empirical_entropy",
     "DEFAULT_CHUNK",
+    "KERNEL_ENV",
 ]
 
 #: Coordinates per independently keyed stream chunk (spec §2.4).
@@ -77,6 +89,32 @@ _DENSE_RUN = 7  # after a dense block the encoder computes this many blocks dens
 _VERSION = 1
 _DTYPES = ("float64", "float32")
 _INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
+#: Environment variable choosing the codec's inner loops: "auto" (default), "numba" or "numpy".
+KERNEL_ENV = "FLOWER_DP_LRQ_KERNEL"
+_FUSED_MIN_D = 1 << 17  # "auto" uses the numba kernels from this d on
+_kernel_module: object = None  # the imported kernels module, or the ImportError of trying
+
+
+def _kernels(d: int):
+    """The fused numba kernels (:mod:`._lrq_numba`) for a vector of length ``d``, or None: the numpy path."""
+    global _kernel_module
+    mode = os.environ.get(KERNEL_ENV, "auto")
+    if mode == "numpy" or (mode == "auto" and d < _FUSED_MIN_D):
+        return None
+    if mode not in ("auto", "numba"):
+        raise ValueError(f"{KERNEL_ENV} must be 'auto', 'numba' or 'numpy', got {mode!r}")
+    if _kernel_module is None:
+        try:
+            from . import _lrq_numba
+            _kernel_module = _lrq_numba
+        except ImportError as exc:  # numba not installed (or broken): the numpy path
+            _kernel_module = exc
+    if isinstance(_kernel_module, ImportError):
+        if mode == "numba":
+            raise ImportError(f"{KERNEL_ENV}=numba but the fused LRQ kernels do not import: {_kernel_module}; "
+                              "pip install 'flower-dp[fast]'") from _kernel_module
+        return None
+    return _kernel_module
 
 
 def lrq_key(run_secret: bytes | str | int, round_k: int, client: int) -> bytes:
@@ -124,16 +162,15 @@ def _draw(gen: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.
     return z, v
 
 
-def _stream_blocks(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
-    """Each chunk's stream drawn once, in the order of :func:`_draw`: yields ``(pos, z, r, v)`` per block.
+def _stream_zr(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
+    """Each chunk's stream drawn once, in the order of :func:`_draw`: yields ``(pos, z, r)`` per block.
 
     All of the chunk's z is drawn into one buffer first, then r ~ U[0, 1) block by block into a
-    small buffer (consecutive draws continue the same stream), ``v = 1 - r``.  The arrays are
+    small buffer (consecutive draws continue the same stream); ``v = 1 - r``.  The arrays are
     views of buffers reused by the next block.
     """
     zbuf = np.empty(min(chunk_size, d), dtype=dtype)
     rbuf = np.empty(block, dtype=dtype)
-    vbuf = np.empty(block, dtype=dtype)
     for c, start in enumerate(range(0, d, chunk_size)):
         n = min(chunk_size, d - start)
         gen = _chunk_rng(entropy, c)
@@ -141,10 +178,26 @@ def _stream_blocks(entropy: int, d: int, chunk_size: int, dtype: str, block: int
         gen.standard_normal(out=z, dtype=dtype)
         for b in range(0, n, block):
             k = min(block, n - b)
-            r, v = rbuf[:k], vbuf[:k]
+            r = rbuf[:k]
             gen.random(out=r, dtype=dtype)
-            np.subtract(1.0, r, out=v)
-            yield start + b, z[b : b + k], r, v
+            yield start + b, z[b : b + k], r
+
+
+def _stream_blocks(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
+    """:func:`_stream_zr` with ``v = 1 - r`` too: yields ``(pos, z, r, v)`` per block."""
+    vbuf = np.empty(block, dtype=dtype)
+    for pos, z, r in _stream_zr(entropy, d, chunk_size, dtype, block):
+        v = vbuf[: r.size]
+        np.subtract(1.0, r, out=v)
+        yield pos, z, r, v
+
+
+def _gather_bufs(dtypes: tuple, cap: int, old: tuple | None = None, cnt: int = 0) -> tuple:
+    """Arrays of ``cap`` entries of the given dtypes, holding the first ``cnt`` entries of ``old``."""
+    new = tuple(np.empty(cap, dtype=t) for t in dtypes)
+    for a, b in zip(new, old or ()):
+        a[:cnt] = b[:cnt]
+    return new
 
 
 def _halfwidths(z: np.ndarray, v: np.ndarray, own: np.ndarray | None = None, other: np.ndarray | None = None,
@@ -320,16 +373,99 @@ def _tag(kb: bytes, d: int, sigma: float, dtype: str, chunk: int, m: np.ndarray)
 
 
 def _as_vector(u) -> tuple[np.ndarray, float]:
-    """(u as a finite 1-D float64 array, max|u|)."""
+    """(u as a finite 1-D float64 array, max|u|); C-contiguous where the fused kernels will read it."""
     if hasattr(u, "detach"):  # torch.Tensor
         u = u.detach().cpu().numpy()
     arr = np.asarray(u, dtype=np.float64)
     if arr.ndim != 1:
         raise ValueError(f"u must be a 1-D vector (flatten the update first), got shape {arr.shape}")
-    lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
-    if not (math.isfinite(lo) and math.isfinite(hi)):  # min/max propagate NaN: one pass each, no mask
+    kern = _kernels(arr.size) if arr.size else None
+    if kern is not None:
+        arr = np.ascontiguousarray(arr)
+        amax, finite = kern.amax_finite(arr)  # one pass: max|u| and the finiteness check
+    else:
+        lo, hi = (float(arr.min()), float(arr.max())) if arr.size else (0.0, 0.0)
+        finite = math.isfinite(lo) and math.isfinite(hi)  # min/max propagate NaN: one pass each, no mask
+        amax = max(-lo, hi, 0.0)
+    if not finite:
         raise ValueError(f"u must be finite, got {int((~np.isfinite(arr)).sum())} NaN/inf entries of {arr.size}")
-    return arr, max(-lo, hi, 0.0)
+    return arr, float(amax)
+
+
+def _encode_numpy(u: np.ndarray, inv_sigma: float, m: np.ndarray, entropy: int, chunk_size: int, dtype: str) -> None:
+    """Eq. 11 into the zeroed ``m``, one numpy call per operation (see the module docstring)."""
+    d = u.size
+    blk = max(1, min(_BLOCK, chunk_size, d))
+    fb = tuple(np.empty(blk, dtype=dtype) for _ in range(5))
+    mask = np.empty(blk, dtype=bool)
+    sparse: list[tuple[np.ndarray, ...]] = []  # undecided coordinates of sparse blocks: (positions, z, v)
+    dense_run = 0
+    for pos, zs, rs, vs in _stream_blocks(entropy, d, chunk_size, dtype, blk):
+        k = zs.size
+        ub = u[pos : pos + k]
+        if dense_run:  # the last tested block was dense: skip the (then wasted) test for a few blocks
+            dense_run -= 1
+            idx = None
+        else:
+            abs_s = np.abs(ub, out=fb[4][:k], casting="same_kind")
+            abs_s *= inv_sigma  # |u|/sigma
+            idx = np.flatnonzero(_undecided(zs, rs, abs_s, (fb[0][:k], fb[1][:k]), mask[:k]))
+        if idx is None or idx.size > _DENSE_FRACTION * k:
+            dense_run = _DENSE_RUN if idx is not None else dense_run
+            s = np.multiply(ub, inv_sigma, out=fb[4][:k], casting="same_kind")  # u/sigma
+            _floor_t(zs, vs, s, m[pos : pos + k], (fb[0][:k], fb[1][:k], fb[2][:k], fb[3][:k]))
+        elif idx.size:  # the rest of the block stays m = 0; the few undecided ones are done together below
+            sparse.append((idx + pos, zs[idx], vs[idx]))
+    if sparse:
+        where, zs, vs = (np.concatenate(parts) for parts in zip(*sparse))
+        s = np.multiply(u[where], inv_sigma, out=np.empty(where.size, dtype=dtype), casting="same_kind")
+        sub = np.empty(where.size, dtype=m.dtype)
+        _floor_t(zs, vs, s, sub)
+        m[where] = sub
+
+
+def _encode_fused(kern, u: np.ndarray, inv_sigma: float, m: np.ndarray, entropy: int, chunk_size: int,
+                  dtype: str) -> None:
+    """:func:`_encode_numpy` with the bound test and the gather fused into one kernel call per block.
+
+    Same blocks, same dense/sparse decisions, same numpy calls on the same values for everything
+    that is not exact arithmetic: the same m.
+    """
+    d = u.size
+    blk = max(1, min(_BLOCK, chunk_size, d))
+    fb = None  # dense-block buffers, made when a dense block comes
+    inv_t = np.dtype(dtype).type(inv_sigma)
+    eps = float(np.finfo(dtype).eps)
+    gtypes = (np.int64, dtype, dtype, np.float64)  # undecided coordinates: position, z, v, u
+    g = _gather_bufs(gtypes, max(4 * blk, d >> 8))
+    cnt = 0
+    dense_run = 0
+    for pos, zs, rs in _stream_zr(entropy, d, chunk_size, dtype, blk):
+        k = zs.size
+        if dense_run:  # as in _encode_numpy: no test for a few blocks after a dense one
+            dense_run -= 1
+            new = -1
+        else:
+            lim = math.floor(_DENSE_FRACTION * k)  # more undecided than this: dense
+            if cnt + lim > g[0].size:
+                g = _gather_bufs(gtypes, 2 * (cnt + lim), g, cnt)
+            new = kern.encode_block(zs, rs, u[pos : pos + k], inv_t, eps, lim, pos, *g, cnt)
+            if new < 0:
+                dense_run = _DENSE_RUN
+        if new < 0:
+            if fb is None:
+                fb = tuple(np.empty(blk, dtype=dtype) for _ in range(6))
+            vs = np.subtract(1.0, rs, out=fb[5][:k])
+            s = np.multiply(u[pos : pos + k], inv_sigma, out=fb[4][:k], casting="same_kind")  # u/sigma
+            _floor_t(zs, vs, s, m[pos : pos + k], (fb[0][:k], fb[1][:k], fb[2][:k], fb[3][:k]))
+        else:
+            cnt = new
+    if cnt:
+        where, zs, vs, us = (a[:cnt] for a in g)
+        s = np.multiply(us, inv_sigma, out=np.empty(cnt, dtype=dtype), casting="same_kind")
+        sub = np.empty(cnt, dtype=m.dtype)
+        _floor_t(zs, vs, s, sub)
+        m[where] = sub
 
 
 def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_size: int = DEFAULT_CHUNK) -> LRQMessage:
@@ -372,33 +508,11 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
     # |m| <= ceil(A / w_min) (spec §3.7), + 1 for rounding: write straight into a small int dtype
     bound = math.ceil(amax / lrq_w_min(sigma)) + 1
     m = np.zeros(d, dtype=next(t for t in _INT_DTYPES if bound <= np.iinfo(t).max))  # calloc: pages come zeroed
-    blk = max(1, min(_BLOCK, chunk_size, d))
-    fb = tuple(np.empty(blk, dtype=dtype) for _ in range(5))
-    mask = np.empty(blk, dtype=bool)
-    sparse: list[tuple[np.ndarray, ...]] = []  # undecided coordinates of sparse blocks: (positions, z, v)
-    dense_run = 0
-    for pos, zs, rs, vs in _stream_blocks(_stream_entropy(kb), d, chunk_size, dtype, blk):
-        k = zs.size
-        ub = u[pos : pos + k]
-        if dense_run:  # the last tested block was dense: skip the (then wasted) test for a few blocks
-            dense_run -= 1
-            idx = None
-        else:
-            abs_s = np.abs(ub, out=fb[4][:k], casting="same_kind")
-            abs_s *= inv_sigma  # |u|/sigma
-            idx = np.flatnonzero(_undecided(zs, rs, abs_s, (fb[0][:k], fb[1][:k]), mask[:k]))
-        if idx is None or idx.size > _DENSE_FRACTION * k:
-            dense_run = _DENSE_RUN if idx is not None else dense_run
-            s = np.multiply(ub, inv_sigma, out=fb[4][:k], casting="same_kind")  # u/sigma
-            _floor_t(zs, vs, s, m[pos : pos + k], (fb[0][:k], fb[1][:k], fb[2][:k], fb[3][:k]))
-        elif idx.size:  # the rest of the block stays m = 0; the few undecided ones are done together below
-            sparse.append((idx + pos, zs[idx], vs[idx]))
-    if sparse:
-        where, zs, vs = (np.concatenate(parts) for parts in zip(*sparse))
-        s = np.multiply(u[where], inv_sigma, out=np.empty(where.size, dtype=dtype), casting="same_kind")
-        sub = np.empty(where.size, dtype=m.dtype)
-        _floor_t(zs, vs, s, sub)
-        m[where] = sub
+    kern = _kernels(d)
+    if kern is None:
+        _encode_numpy(u, inv_sigma, m, _stream_entropy(kb), chunk_size, dtype)
+    else:
+        _encode_fused(kern, u, inv_sigma, m, _stream_entropy(kb), chunk_size, dtype)
     lo, hi = (int(m.min()), int(m.max())) if d else (0, 0)
     idt = next(t for t in _INT_DTYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
     if idt != m.dtype:
@@ -450,11 +564,21 @@ def decode(msg: LRQMessage, sigma: float, key: bytes | int) -> np.ndarray:
         raise DecodeError(f"sigma mismatch: the message was encoded with sigma={msg.sigma!r}, got sigma={sigma!r}; "
                           "decode with the sigma of this round's schedule")
     out = np.empty(msg.d, dtype=np.float64)
-    sig = np.float64(sigma)
-    blk = max(1, min(_BLOCK, msg.chunk_size, msg.d))
-    fb = tuple(np.empty(blk, dtype=msg.dtype) for _ in range(3))
+    kern = _kernels(msg.d)
+    if kern is None:
+        _decode_numpy(m, out, np.float64(sigma), _stream_entropy(kb), msg.chunk_size, msg.dtype)
+    else:
+        _decode_fused(kern, m, out, np.float64(sigma), _stream_entropy(kb), msg.chunk_size, msg.dtype)
+    return out
+
+
+def _decode_numpy(m: np.ndarray, out: np.ndarray, sig: np.float64, entropy: int, chunk_size: int, dtype: str) -> None:
+    """Eq. 12 into ``out``, one numpy call per operation (see the module docstring)."""
+    d = m.size
+    blk = max(1, min(_BLOCK, chunk_size, d))
+    fb = tuple(np.empty(blk, dtype=dtype) for _ in range(3))
     sparse: list[tuple[np.ndarray, ...]] = []  # nonzero m of sparse blocks: (positions, z, v)
-    for pos, zs, _, vs in _stream_blocks(_stream_entropy(kb), msg.d, msg.chunk_size, msg.dtype, blk):
+    for pos, zs, _, vs in _stream_blocks(entropy, d, chunk_size, dtype, blk):
         k = zs.size
         mb, ob = m[pos : pos + k], out[pos : pos + k]
         idx = np.flatnonzero(mb)
@@ -469,7 +593,38 @@ def decode(msg: LRQMessage, sigma: float, key: bytes | int) -> np.ndarray:
         sub = np.empty(where.size, dtype=np.float64)
         _hat(zs, vs, m[where], sig, sub)
         out[where] = sub
-    return out
+
+
+def _decode_fused(kern, m: np.ndarray, out: np.ndarray, sig: np.float64, entropy: int, chunk_size: int,
+                  dtype: str) -> None:
+    """:func:`_decode_numpy` with the ``m = 0`` pass and the gather fused into one kernel call per block."""
+    d = m.size
+    if not (m.flags.c_contiguous and m.dtype.isnative):
+        m = np.ascontiguousarray(m, dtype=m.dtype.newbyteorder("="))  # same values
+    blk = max(1, min(_BLOCK, chunk_size, d))
+    fb = None  # dense-block buffers, made when a dense block comes
+    gtypes = (np.int64, dtype, dtype)  # nonzero m: position, z, v
+    g = _gather_bufs(gtypes, max(4 * blk, d >> 8))
+    cnt = 0
+    for pos, zs, rs in _stream_zr(entropy, d, chunk_size, dtype, blk):
+        k = zs.size
+        mb, ob = m[pos : pos + k], out[pos : pos + k]
+        lim = math.floor(_DENSE_FRACTION * k)  # more nonzero m than this: dense
+        if cnt + lim > g[0].size:
+            g = _gather_bufs(gtypes, 2 * (cnt + lim), g, cnt)
+        new = kern.decode_block(mb, zs, rs, sig, ob, lim, pos, *g, cnt)
+        if new < 0:
+            if fb is None:
+                fb = tuple(np.empty(blk, dtype=dtype) for _ in range(4))
+            vs = np.subtract(1.0, rs, out=fb[3][:k])
+            _hat(zs, vs, mb, sig, ob, (fb[0][:k], fb[1][:k], fb[2][:k]))
+        else:
+            cnt = new
+    if cnt:
+        where, zs, vs = (a[:cnt] for a in g)
+        sub = np.empty(cnt, dtype=np.float64)
+        _hat(zs, vs, m[where], sig, sub)
+        out[where] = sub
 
 
 def lrq_w_min(sigma: float) -> float:
