@@ -70,11 +70,13 @@ def _input(regime, n, sigma, dtype, chunk, seed=0):
         return rng.normal(0.0, 3.0 * sigma, n)
     if regime == "mixed":  # 5 % large coordinates
         return rng.standard_normal(n) * np.where(rng.random(n) < 0.05, 3.0 * sigma, 1e-3)
+    if regime == "alternating":  # runs of dense and sparse blocks: the decoder catches its r stream up
+        return rng.standard_normal(n) * np.where(np.arange(n) // 20_000 % 3 == 1, 3.0 * sigma, 1e-3)
     return _tight(n, sigma, dtype, chunk, rng, tiny=0.97 if regime == "tight" else 0.6)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-@pytest.mark.parametrize("regime", ["sparse", "dense", "mixed", "tight", "tight_dense"])
+@pytest.mark.parametrize("regime", ["sparse", "dense", "mixed", "alternating", "tight", "tight_dense"])
 @pytest.mark.parametrize("chunk", [lrq.DEFAULT_CHUNK, 25_000, 16_389])
 def test_fused_equals_numpy(monkeypatch, numba_kernels, regime, dtype, chunk):
     """Bit for bit: sparse, dense, mixed and bound-edge inputs, float64 / float32 layers, several chunk
@@ -98,6 +100,56 @@ def test_fused_equals_numpy_small_blocks(monkeypatch, numba_kernels, dtype):
     fused = _both(monkeypatch, u, sigma, dtype=dtype, chunk_size=chunk)
     monkeypatch.setattr(lrq, "_DENSE_FRACTION", -1.0)
     _assert_same(fused, _codec(monkeypatch, "numba", u, sigma, dtype=dtype, chunk_size=chunk))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("regime", ["alternating", "tight", "tight_dense"])
+def test_fused_decoder_drawing_r_equals_positional(monkeypatch, numba_kernels, regime, dtype):
+    """The fused decoder's fallback (draw every r, as the numpy path) == its default (v from the Philox
+    counter where m != 0, r drawn only for dense blocks) == the numpy path."""
+    sigma, n, chunk = 0.05, 70_001, 25_000
+    u = _input(regime, n, sigma, dtype, chunk, seed=2)
+    positional = _both(monkeypatch, u, sigma, dtype=dtype, chunk_size=chunk)
+    assert lrq._positional is True
+    monkeypatch.setattr(lrq, "_positional", False)
+    _assert_same(positional, _codec(monkeypatch, "numba", u, sigma, dtype=dtype, chunk_size=chunk))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_philox_positions_match_numpy(numba_kernels, dtype):
+    """``uniforms_at`` == numpy's ``random()`` draws after 0-11 normals (every buffer position, a pending
+    32-bit half or not) and across 64- and 128-bit counter carries; a non-Philox generator is refused."""
+    from flower_dp.mechanisms import _lrq_numba as K
+
+    for nz in range(12):
+        for counter in (None, 2**64 - 3, 2**128 - 2):
+            bg = (np.random.Philox(np.random.SeedSequence(9, spawn_key=(nz,))) if counter is None
+                  else np.random.Philox(key=12345 + nz, counter=counter))
+            gen = np.random.Generator(bg)
+            gen.standard_normal(nz, dtype=dtype)
+            st = K.philox_state(bg)
+            ref = gen.random(203, dtype=dtype)
+            js = np.random.default_rng(nz).permutation(203)  # any order: no hidden sequential state
+            np.testing.assert_array_equal(K.uniforms_at(js, st, np.zeros(1, dtype=dtype)), ref[js])
+    with pytest.raises(TypeError, match="Philox"):
+        K.philox_state(np.random.PCG64(0))
+
+
+def test_positional_check_falls_back(monkeypatch, numba_kernels):
+    """A numpy whose Philox state the kernels cannot read: the check says no, the decoder draws r."""
+    monkeypatch.setenv(lrq.KERNEL_ENV, "numba")
+    kern = lrq._kernels(1)
+    monkeypatch.setattr(lrq, "_positional", None)
+    assert lrq._positional_ok(kern) is True
+    monkeypatch.setattr(lrq, "_positional", None)
+
+    def unreadable(bit_generator):
+        raise KeyError("counter")
+
+    monkeypatch.setattr(kern, "philox_state", unreadable)
+    assert lrq._positional_ok(kern) is False
+    u = _input("mixed", 20_000, 0.05, "float64", lrq.DEFAULT_CHUNK)
+    _both(monkeypatch, u, 0.05)
 
 
 @pytest.mark.parametrize("d", [1, 2, 3, 5, 16_383, 16_384, 16_385])
@@ -175,6 +227,21 @@ def test_kernels_match_the_numpy_steps(numba_kernels, dtype):
     np.testing.assert_array_equal(g[2][:cnt], (1.0 - r)[m != 0])
     np.testing.assert_array_equal(out[m == 0], (z * np.float64(sigma))[m == 0])
     assert K.decode_block(m, z, r, np.float64(sigma), out, cnt - 1, 0, *g, 0) == -1
+
+
+def test_encoder_kernel_has_no_fma(numba_kernels):
+    """The encoder kernel's one multiply-add (eta's ``3 zmax + 18``, float64 for both layer dtypes) is not
+    contracted into an FMA: fastmath is off.  Compiled afresh here, without the cache, to read its machine
+    code (with ``fastmath=True`` it has one FMA on a CPU with FMA)."""
+    import numba
+
+    from flower_dp.mechanisms import _lrq_numba as K
+
+    fresh = numba.njit(error_model="numpy")(K.encode_block.py_func)
+    z = np.ones(8)
+    fresh(z, z, z, 2.0, 1e-16, 8, 0, *lrq._gather_bufs((np.int64, "float64", "float64", np.float64), 8), 0)
+    (asm,) = fresh.inspect_asm().values()
+    assert not any(op in asm for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))
 
 
 @settings(max_examples=40, deadline=None)

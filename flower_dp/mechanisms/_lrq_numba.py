@@ -3,13 +3,15 @@
 Each kernel does in one pass over a block what the numpy path of :func:`flower_dp.mechanisms.lrq.encode`
 / :func:`~flower_dp.mechanisms.lrq.decode` does in one numpy call per operation, with exactly the same
 IEEE operations in the same order and the same float type, so every result is bit for bit the
-numpy path's:
+numpy path's (the decoder's v where m != 0 come from the Philox counter instead: integer
+arithmetic and numpy's exact int-to-float conversion, see the last section):
 
 - only exact or correctly rounded operations: ``+ - * /``, ``abs``, ``min``, comparisons, casts
   (round to nearest) and nothing else.  The transcendental functions (exp, log, log1p) stay in
   numpy, on the few coordinates that need them: numpy's SIMD versions and LLVM's / libm's may
   differ in the last bit;
-- fastmath off (numba's default): no FMA contraction, no reassociation, no reciprocal;
+- fastmath off (numba's default): no FMA contraction (the compiled encoder has no FMA instruction,
+  tests/test_lrq_fused.py checks), no reassociation, no reciprocal;
   ``error_model="numpy"``: a division is IEEE, as numpy's;
 - a float32 layer dtype stays float32: numba promotes ``float32 op float64`` (and
   ``float32 * int16``) to float64, so every constant and every cast goes through :func:`as_layer`,
@@ -26,7 +28,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-__all__ = ["amax_finite", "encode_block", "decode_block"]
+__all__ = ["amax_finite", "encode_block", "decode_block", "decode_block_at", "philox_state", "uniforms_at"]
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}  # fastmath stays off
 
@@ -153,5 +155,135 @@ def decode_block(m, z, r, sig, out, lim, pos, gpos, gz, gv, cnt):
                 gpos[n] = pos + i
                 gz[n] = z[i]
                 gv[n] = one - r[i]
+                n += 1
+    return n
+
+
+# --- the decoder's v where m != 0, straight from the Philox counter ------------------------------
+#
+# The decoder needs v = 1 - r only where m != 0 (0.02 % of the coordinates of a clipped update), so
+# instead of drawing all of a chunk's r it computes those few from the counter-based generator:
+# r[j] is a fixed function of (the Philox state right after the chunk's z, j).  Integer arithmetic
+# only (Random123's Philox4x64-10 as numpy implements it, numpy/random/src/philox/philox.h), then
+# numpy's exact conversions: float64 ``(u64 >> 11) * 2^-53``, float32 ``(u32 >> 8) * 2^-24`` from the
+# 32-bit halves, low half first.  :func:`flower_dp.mechanisms.lrq._positional_ok` checks this
+# against numpy's own draws once per process before it is used.
+
+_M0 = np.uint64(0xD2E7470EE14C6C93)
+_M1 = np.uint64(0xCA5A826395121157)
+_W0 = np.uint64(0x9E3779B97F4A7C15)
+_W1 = np.uint64(0xBB67AE8584CAA73B)
+_LO32 = np.uint64(0xFFFFFFFF)
+_U0 = np.uint64(0)
+_U1 = np.uint64(1)
+_U8 = np.uint64(8)
+_U11 = np.uint64(11)
+_U32 = np.uint64(32)
+
+
+def philox_state(bit_generator) -> np.ndarray:
+    """A numpy ``Philox``'s state as uint64[13]: counter (4), key (2), buffer (4), buffer_pos, has_uint32, uinteger."""
+    st = bit_generator.state
+    if st["bit_generator"] != "Philox":
+        raise TypeError(f"expected a Philox bit generator, got {st['bit_generator']}")
+    return np.concatenate([st["state"]["counter"], st["state"]["key"], st["buffer"],
+                           np.array([st["buffer_pos"], st["has_uint32"], st["uinteger"]], dtype=np.uint64)])
+
+
+@njit(**_JIT)
+def _mulhilo(a, b):
+    """(low, high) 64-bit halves of the 128-bit product a * b (uint64)."""
+    a_lo, a_hi = a & _LO32, a >> _U32
+    b_lo, b_hi = b & _LO32, b >> _U32
+    hh, hl, lh, ll = a_hi * b_hi, a_hi * b_lo, a_lo * b_hi, a_lo * b_lo
+    carry = ((hl & _LO32) + (lh & _LO32) + (ll >> _U32)) >> _U32
+    return a * b, hh + (hl >> _U32) + (lh >> _U32) + carry
+
+
+@njit(**_JIT)
+def _u64_at(t, st):
+    """The t-th uint64 (t >= 0) the Philox generator of state ``st`` (:func:`philox_state`) would return."""
+    bpos = np.int64(st[10])
+    avail = 4 - bpos
+    if t < avail:
+        return st[6 + bpos + t]
+    q = (t - avail) // 4
+    lane = (t - avail) % 4
+    add = np.uint64(q) + _U1  # the counter after q + 1 increments, with carry (philox_next)
+    c0, c1, c2, c3 = st[0] + add, st[1], st[2], st[3]
+    if c0 < add:
+        c1 += _U1
+        if c1 == _U0:
+            c2 += _U1
+            if c2 == _U0:
+                c3 += _U1
+    k0, k1 = st[4], st[5]
+    for rnd in range(10):
+        if rnd > 0:
+            k0 += _W0
+            k1 += _W1
+        lo0, hi0 = _mulhilo(_M0, c0)
+        lo1, hi1 = _mulhilo(_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    if lane == 0:
+        return c0
+    if lane == 1:
+        return c1
+    if lane == 2:
+        return c2
+    return c3
+
+
+def _uniform_at(j, st, like):
+    """numpy's j-th ``random()`` of ``like``'s float type from state ``st``; jit only."""
+    raise NotImplementedError("_uniform_at is only defined inside numba-compiled code")
+
+
+@overload(_uniform_at, jit_options=_JIT)
+def _uniform_at_ol(j, st, like):
+    if like == types.float32:
+        def f32(j, st, like):
+            if st[11] != _U0:  # a 32-bit half is pending: it is the first one
+                if j == 0:
+                    return np.float32(st[12] >> _U8) * np.float32(1.0 / 16777216.0)
+                j -= 1
+            u = _u64_at(j // 2, st)
+            half = (u >> _U32) if j % 2 else (u & _LO32)
+            return np.float32(half >> _U8) * np.float32(1.0 / 16777216.0)
+        return f32
+
+    def f64(j, st, like):
+        return np.float64(_u64_at(j, st) >> _U11) * (1.0 / 9007199254740992.0)
+    return f64
+
+
+@njit(**_JIT)
+def uniforms_at(js, st, like):
+    """``random()`` values number ``js`` (an int64 array) of the stream in state ``st``, of ``like``'s dtype."""
+    out = np.empty(js.size, dtype=like.dtype)
+    for i in range(js.size):
+        out[i] = _uniform_at(js[i], st, like[0])
+    return out
+
+
+@njit(**_JIT)
+def decode_block_at(m, z, st, off, sig, out, lim, pos, gpos, gz, gv, cnt):
+    """:func:`decode_block` without the block's r: the gathered ``v = 1 - r[off + i]`` come from the
+    chunk's Philox state ``st`` after its z (``off``: the block's offset in its chunk)."""
+    k = m.size
+    nz = 0
+    for i in range(k):  # vectorizes
+        out[i] = np.float64(z[i]) * sig
+        nz += m[i] != 0
+    if nz > lim:
+        return -1
+    n = cnt
+    if nz:
+        one = as_layer(1.0, z[0])  # k > 0 here
+        for i in range(k):
+            if m[i] != 0:
+                gpos[n] = pos + i
+                gz[n] = z[i]
+                gv[n] = one - _uniform_at(off + i, st, z[0])
                 n += 1
     return n

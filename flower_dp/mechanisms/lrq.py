@@ -42,12 +42,14 @@ coordinate gets exactly what the dense formula gives.
 Fused kernels (optional, ``pip install flower-dp[fast]``: numba).  With numba installed, the cheap
 exact passes of each side (the bound test, gathering the undecided / nonzero coordinates, the
 decoder's ``x sigma`` where ``m = 0``, the input's max and finiteness check) run as one compiled loop
-per block (:mod:`._lrq_numba`) instead of one numpy call per operation.  The random draws and the
-transcendental layer arithmetic stay in numpy, so the output (m, the tag, every decoded value) is
-bit for bit the numpy path's.  ``FLOWER_DP_LRQ_KERNEL`` (:data:`KERNEL_ENV`) chooses: ``auto``
-(default: the kernels when numba imports and ``d >= 2^17``, below which numba's one-time import
-and cache load, 0.5-1 s of CPU, outweigh what they save), ``numba`` (always; ImportError without numba) or
-``numpy`` (never).
+per block (:mod:`._lrq_numba`) instead of one numpy call per operation, and the decoder draws no r
+where it needs no v: it takes the v of its few ``m != 0`` coordinates straight from the chunk's
+Philox counter (integer arithmetic, checked against numpy's own draws once per process,
+:func:`_positional_ok`).  The normal draws and the transcendental layer arithmetic stay in numpy, so
+the output (m, the tag, every decoded value) is bit for bit the numpy path's.
+``FLOWER_DP_LRQ_KERNEL`` (:data:`KERNEL_ENV`) chooses: ``auto`` (default: the kernels when numba
+imports and ``d >= 2^17``, below which numba's one-time import and cache load, 0.5-1 s of CPU,
+outweigh what they save), ``numba`` (always; ImportError without numba) or ``numpy`` (never).
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ _INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 KERNEL_ENV = "FLOWER_DP_LRQ_KERNEL"
 _FUSED_MIN_D = 1 << 17  # "auto" uses the numba kernels from this d on
 _kernel_module: object = None  # the imported kernels module, or the ImportError of trying
+_positional: bool | None = None  # the kernels' Philox arithmetic matches numpy's draws (see _positional_ok)
 
 
 def _kernels(d: int):
@@ -595,31 +598,82 @@ def _decode_numpy(m: np.ndarray, out: np.ndarray, sig: np.float64, entropy: int,
         out[where] = sub
 
 
+def _positional_ok(kern) -> bool:
+    """Whether the kernels' Philox arithmetic (``uniforms_at``) gives numpy's ``random()`` draws here.
+
+    Checked once per process, both layer dtypes, after 0-5 normals (every buffer / pending-half
+    state); if not (another numpy), the fused decoder draws r as the numpy path does.
+    """
+    global _positional
+    if _positional is None:
+        try:
+            ok = True
+            for dtype in _DTYPES:
+                for nz in range(6):
+                    gen = _chunk_rng(nz, nz)
+                    gen.standard_normal(nz, dtype=dtype)
+                    st = kern.philox_state(gen.bit_generator)
+                    ref = gen.random(64, dtype=dtype)
+                    ok = ok and np.array_equal(ref, kern.uniforms_at(np.arange(64), st, np.zeros(1, dtype=dtype)))
+        except Exception:  # noqa: BLE001  a numpy whose Philox state looks different: draw instead
+            ok = False
+        _positional = ok
+    return _positional
+
+
 def _decode_fused(kern, m: np.ndarray, out: np.ndarray, sig: np.float64, entropy: int, chunk_size: int,
                   dtype: str) -> None:
-    """:func:`_decode_numpy` with the ``m = 0`` pass and the gather fused into one kernel call per block."""
+    """:func:`_decode_numpy` with the ``m = 0`` pass and the gather fused into one kernel call per block.
+
+    Where m = 0 the decoder needs no v, so it draws no r: the few v where m != 0 are computed from
+    the chunk's Philox state after its z (:func:`_positional_ok`); a dense block draws its r from
+    the generator, first catching the stream up over the blocks skipped since the last draw.
+    """
     d = m.size
     if not (m.flags.c_contiguous and m.dtype.isnative):
         m = np.ascontiguousarray(m, dtype=m.dtype.newbyteorder("="))  # same values
+    positional = _positional_ok(kern)
     blk = max(1, min(_BLOCK, chunk_size, d))
+    zbuf = np.empty(min(chunk_size, d), dtype=dtype)
+    rbuf = np.empty(blk, dtype=dtype)
     fb = None  # dense-block buffers, made when a dense block comes
     gtypes = (np.int64, dtype, dtype)  # nonzero m: position, z, v
     g = _gather_bufs(gtypes, max(4 * blk, d >> 8))
     cnt = 0
-    for pos, zs, rs in _stream_zr(entropy, d, chunk_size, dtype, blk):
-        k = zs.size
-        mb, ob = m[pos : pos + k], out[pos : pos + k]
-        lim = math.floor(_DENSE_FRACTION * k)  # more nonzero m than this: dense
-        if cnt + lim > g[0].size:
-            g = _gather_bufs(gtypes, 2 * (cnt + lim), g, cnt)
-        new = kern.decode_block(mb, zs, rs, sig, ob, lim, pos, *g, cnt)
-        if new < 0:
+    for c, start in enumerate(range(0, d, chunk_size)):
+        n = min(chunk_size, d - start)
+        gen = _chunk_rng(entropy, c)
+        z = zbuf[:n]
+        gen.standard_normal(out=z, dtype=dtype)
+        st = kern.philox_state(gen.bit_generator) if positional else None
+        drawn = 0  # r drawn from gen so far in this chunk
+        for b in range(0, n, blk):
+            k = min(blk, n - b)
+            pos, zs = start + b, z[b : b + k]
+            mb, ob = m[pos : pos + k], out[pos : pos + k]
+            lim = math.floor(_DENSE_FRACTION * k)  # more nonzero m than this: dense
+            if cnt + lim > g[0].size:
+                g = _gather_bufs(gtypes, 2 * (cnt + lim), g, cnt)
+            if positional:
+                new = kern.decode_block_at(mb, zs, st, b, sig, ob, lim, pos, *g, cnt)
+            else:
+                gen.random(out=rbuf[:k], dtype=dtype)
+                drawn = b + k
+                new = kern.decode_block(mb, zs, rbuf[:k], sig, ob, lim, pos, *g, cnt)
+            if new >= 0:
+                cnt = new
+                continue
+            while drawn < b:  # positional: the r of the blocks since the last draw, discarded
+                step = min(blk, b - drawn)
+                gen.random(out=rbuf[:step], dtype=dtype)
+                drawn += step
+            if drawn == b:
+                gen.random(out=rbuf[:k], dtype=dtype)
+                drawn = b + k
             if fb is None:
                 fb = tuple(np.empty(blk, dtype=dtype) for _ in range(4))
-            vs = np.subtract(1.0, rs, out=fb[3][:k])
+            vs = np.subtract(1.0, rbuf[:k], out=fb[3][:k])
             _hat(zs, vs, mb, sig, ob, (fb[0][:k], fb[1][:k], fb[2][:k]))
-        else:
-            cnt = new
     if cnt:
         where, zs, vs = (a[:cnt] for a in g)
         sub = np.empty(cnt, dtype=np.float64)
