@@ -189,6 +189,25 @@ def test_topologies_pickle(topo):
         np.testing.assert_array_equal(copy.matrix(k), topo.matrix(k))
 
 
+def test_pickled_topology_leaves_its_cache_and_is_shared_per_process():
+    """A pickle carries no matrices (exp, n = 256: 8 dense phases filled by the connectivity check), and the
+    copies unpickled in one process are one object (n node factories on a host actor: one matrix cache)."""
+    import pickle
+
+    topo = T.make_topology("exp", 256)  # checked: every phase is in the cache
+    blob = pickle.dumps(topo)
+    assert len(blob) < 1000
+    a, b = pickle.loads(blob), pickle.loads(pickle.dumps(topo))
+    assert a is b and a is not topo
+    np.testing.assert_array_equal(a.matrix(3), topo.matrix(3))
+    other = pickle.loads(pickle.dumps(T.make_topology("exp", 128)))
+    assert other is not a and other.n == 128
+    lam = T.Topology(2, "lambda", lambda k: np.full((2, 2), 0.5))  # not plainly picklable: copies stay apart
+    import ray.cloudpickle as cp
+
+    assert cp.loads(cp.dumps(lam)) is not cp.loads(cp.dumps(lam))
+
+
 @pytest.mark.parametrize("n", range(3, 10))
 def test_random_irregular_properties_many_seeds(n):
     """Fixture (c): strongly connected, unequal out-degrees, rows NOT all 1, deterministic in (n, seed)."""
