@@ -6,7 +6,10 @@ all of v = 1 - U[0,1), into preallocated buffers: the cheapest way to draw them)
 draw, so a codec that did nothing but draw would score 2.0.  The headline input is a clipped
 update (unit L2 norm, d = 1e7, sigma = 0.5: |u| << sigma, the Gau-LRQ regime, almost every
 m = 0); ``ratio_dense`` is the worst case, |u| ~ 3 sigma, where every coordinate needs the
-layer arithmetic.
+layer arithmetic.  The codec runs as the package runs it when numba is installed: the fused
+kernels (``FLOWER_DP_LRQ_KERNEL=numba``, issue 16; ``kernel`` says which ran); the pure-numpy path is
+timed beside it in the same interleaved loop (``*_numpy``), and the two give the same bits
+(checked here on the benchmark's own inputs: ``same_output``).
 
 Wire ratio: one Gau-LRQ round run through the real code path -- ``GauLRQ.configure_train``
 (LeNet weights, d = 61,706; N = 1920, B = 80, eps = 3 as in the paper's MNIST run) -> the client
@@ -19,7 +22,9 @@ bits / 8 (spec §12: ``d * ceil(log2 levels) + 32`` per client, :func:`lrq_messa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import time
 
 import numpy as np
@@ -45,16 +50,40 @@ def _draw_only(d: int, chunk: int, seed: int, bufs: tuple[np.ndarray, np.ndarray
         np.subtract(1.0, v, out=v)
 
 
+@contextlib.contextmanager
+def _kernel(name: str):
+    """Run the LRQ codec with ``FLOWER_DP_LRQ_KERNEL=name`` (restored afterwards)."""
+    from flower_dp.mechanisms.lrq import KERNEL_ENV
+
+    old = os.environ.get(KERNEL_ENV)
+    os.environ[KERNEL_ENV] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(KERNEL_ENV, None)
+        else:
+            os.environ[KERNEL_ENV] = old
+
+
 def run_codec(quick: bool = False, *, d: int | None = None) -> dict:
     """Time encode+decode of ``d`` coordinates (1e7; 1e5 quick) against the random draws alone.
 
-    Ratios use the minimum over interleaved repeats (the least-disturbed run on a shared
-    machine); medians are reported beside them.
+    The fused kernels (numba) and the numpy path run in one interleaved loop with the draws.
+    ``ratio`` (the headline ``lrq_codec_ratio``) uses the minimum over the repeats (the least
+    disturbed run on a shared machine), ``median_ratio`` the medians; the same for ``*_numpy``
+    and ``*_dense``.
     """
     try:
         from flower_dp.mechanisms import lrq
     except ImportError as exc:
         return missing("flower_dp.mechanisms.lrq", exc)
+    try:
+        with _kernel("numba"):
+            lrq._kernels(d or 1)  # imports numba and the kernels, or raises ImportError
+        fused = "numba"
+    except ImportError:
+        fused = "numpy"  # numba is not installed: both figures are the numpy path's
     d = d if d is not None else (100_000 if quick else 10_000_000)
     sigma, clip = 0.5, 1.0
     rng = np.random.default_rng(0)
@@ -66,44 +95,84 @@ def run_codec(quick: bool = False, *, d: int | None = None) -> dict:
     bufs = (np.empty(min(chunk, d)), np.empty(min(chunk, d)))
     res = {}
 
-    def codec(x, name):
+    def codec(x, name, kernel):
         def run():
-            msg = lrq.encode(x, sigma, key)
-            res[name] = (msg, lrq.decode(msg, sigma, key))
+            with _kernel(kernel):
+                msg = lrq.encode(x, sigma, key)
+                res[name] = (msg, lrq.decode(msg, sigma, key))
         return run
 
+    with _kernel(fused):  # the first call imports numba and loads (or compiles) the kernels: not timed
+        lrq.decode(lrq.encode(u[:1000], sigma, key), sigma, key)
     times = interleaved_times({
         "draw": lambda: _draw_only(d, chunk, 1, bufs),
         "draw_alloc": lambda: _draw_only(d, chunk, 1),
-        "codec": codec(u, "sparse"),
-        "codec_dense": codec(u_dense, "dense"),
-    }, repeats=2 if quick else 5, warmup=1)
+        "codec": codec(u, "sparse", fused),
+        "codec_numpy": codec(u, "sparse_numpy", "numpy"),
+        "codec_dense": codec(u_dense, "dense", fused),
+        "codec_dense_numpy": codec(u_dense, "dense_numpy", "numpy"),
+    }, repeats=2 if quick else 5, warmup=1, shuffle_seed=0)
     best = {k: min(v) for k, v in times.items()}
     med = {k: float(np.median(v)) for k, v in times.items()}
     msg, out = res["sparse"]
     msg_d, out_d = res["dense"]
+    same = all(a[0].m.dtype == b[0].m.dtype and np.array_equal(a[0].m, b[0].m) and a[0].tag == b[0].tag
+               and np.array_equal(a[1].view(np.uint64), b[1].view(np.uint64))
+               for a, b in ((res["sparse"], res["sparse_numpy"]), (res["dense"], res["dense_numpy"])))
     err = out - u
-    # where the codec's time goes, one side at a time (same input; minimum of 2)
-    parts = {}
-    for name, fn in (("encode_s", lambda: lrq.encode(u, sigma, key)), ("decode_s", lambda: lrq.decode(msg, sigma, key))):
-        parts[name] = round(min(interleaved_times({name: fn}, repeats=1 if quick else 2, warmup=0)[name]), 4)
+    # where the codec's time goes, one side at a time (same input; minimum of 2, interleaved)
+    sides = {}
+    for kernel, tail in ((fused, ""), ("numpy", "_numpy")):
+        for side, fn in (("encode_s", lambda: lrq.encode(u, sigma, key)), ("decode_s", lambda: lrq.decode(msg, sigma, key))):
+            sides[side + tail] = _codec_side(fn, kernel)
+    parts = {k: round(min(v), 4) for k, v in
+             interleaved_times(sides, repeats=1 if quick else 2, warmup=0, shuffle_seed=1).items()}
+
+    def ratio(name, how):
+        return round(how[name] / how["draw"], 3)
+
     return {
         "d": d,
         "sigma": sigma,
+        "kernel": fused,
         "encode_decode_s": round(best["codec"], 4),
         "draw_only_s": round(best["draw"], 4),
-        "ratio": round(best["codec"] / best["draw"], 3),
-        "median_ratio": round(med["codec"] / med["draw"], 3),
+        "ratio": ratio("codec", best),
+        "median_ratio": ratio("codec", med),
+        "encode_decode_numpy_s": round(best["codec_numpy"], 4),
+        "ratio_numpy": ratio("codec_numpy", best),
+        "median_ratio_numpy": ratio("codec_numpy", med),
         **parts,
         "nonzero_fraction": round(float(np.count_nonzero(msg.m)) / d, 6),
         "draw_alloc_s": round(best["draw_alloc"], 4),
         "encode_decode_dense_s": round(best["codec_dense"], 4),
-        "ratio_dense": round(best["codec_dense"] / best["draw"], 3),
+        "ratio_dense": ratio("codec_dense", best),
+        "median_ratio_dense": ratio("codec_dense", med),
+        "ratio_dense_numpy": ratio("codec_dense_numpy", best),
+        "median_ratio_dense_numpy": ratio("codec_dense_numpy", med),
         "nonzero_fraction_dense": round(float(np.count_nonzero(msg_d.m)) / d, 4),
+        "same_output": bool(same),  # fused == numpy: m, tag and decoded bits, both inputs
         "error_std_over_sigma": round(float(err.std()) / sigma, 4),  # sanity: ~1 (exactly Gaussian error)
         "error_std_over_sigma_dense": round(float((out_d - u_dense).std()) / sigma, 4),
         "repeats": len(times["codec"]),
+        "load_avg": _loadavg(),
     }
+
+
+def _codec_side(fn, kernel: str):
+    """``fn`` run under ``FLOWER_DP_LRQ_KERNEL=kernel``."""
+    def run():
+        with _kernel(kernel):
+            fn()
+    return run
+
+
+def _loadavg() -> list[float] | None:
+    """The 1/5/15-minute load averages at the end of the measurement (None where unknown)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def _lrq_round(N: int, B: int, d_model: str = "lenet"):
