@@ -229,19 +229,44 @@ def test_kernels_match_the_numpy_steps(numba_kernels, dtype):
     assert K.decode_block(m, z, r, np.float64(sigma), out, cnt - 1, 0, *g, 0) == -1
 
 
-def test_encoder_kernel_has_no_fma(numba_kernels):
-    """The encoder kernel's one multiply-add (eta's ``3 zmax + 18``, float64 for both layer dtypes) is not
-    contracted into an FMA: fastmath is off.  Compiled afresh here, without the cache, to read its machine
-    code (with ``fastmath=True`` it has one FMA on a CPU with FMA)."""
+def test_kernels_have_no_fma(numba_kernels):
+    """The kernels' multiply-adds (the encoder's eta ``3 zmax + 18``, the half-width ``-2 log v + z^2``,
+    Eq. 12's ``w m + x``) are not contracted into FMAs: fastmath is off.  Compiled afresh here, without
+    the cache, to read the machine code (with ``fastmath=True`` the encoder has an FMA on a CPU with FMA)."""
     import numba
 
     from flower_dp.mechanisms import _lrq_numba as K
 
-    fresh = numba.njit(error_model="numpy")(K.encode_block.py_func)
     z = np.ones(8)
-    fresh(z, z, z, 2.0, 1e-16, 8, 0, *lrq._gather_bufs((np.int64, "float64", "float64", np.float64), 8), 0)
-    (asm,) = fresh.inspect_asm().values()
-    assert not any(op in asm for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub"))
+    calls = [
+        (K.encode_block, (z, z, z, 2.0, 1e-16, 8, 0, *lrq._gather_bufs((np.int64, "float64", "float64", np.float64), 8), 0)),
+        (K.hw_mid, (z, z, z.copy(), z.copy(), 0.5)),
+        (K.hat_post, (z, np.ones(8, np.int8), z, -z, 0.5, np.empty(8))),
+    ]
+    for kernel, args in calls:
+        fresh = numba.njit(error_model="numpy")(kernel.py_func)
+        fresh(*args)
+        (asm,) = fresh.inspect_asm().values()
+        assert not any(op in asm for op in ("vfmadd", "vfmsub", "vfnmadd", "vfnmsub")), kernel
+
+
+@pytest.mark.parametrize("layer", ["float64", "float32"])
+@pytest.mark.parametrize("level", [np.int8, np.int16, np.int32, np.int64])
+def test_fused_decode_of_any_level_dtype(monkeypatch, numba_kernels, layer, level):
+    """Eq. 12's ``w m`` as numpy's ``own *= m`` computes it for every (layer, level) dtype pair (float32 x
+    int32 / int64 goes through float64), in dense blocks and in the gathered few, also for levels no
+    encoder would send (huge, or int32 beside float32 layers): a message with a valid tag decodes the same."""
+    rng = np.random.default_rng(8)
+    n, sigma = 40_000, 0.05
+    top = min(np.iinfo(level).max, 2**62)
+    for frac in (0.5, 0.002):  # dense blocks / a few nonzero levels gathered
+        m = np.where(rng.random(n) < frac, rng.integers(-top, top, n, endpoint=True), 0).astype(level)
+        msg = lrq.LRQMessage(m=m, d=n, sigma=sigma, dtype=layer, chunk_size=lrq.DEFAULT_CHUNK,
+                             tag=lrq._tag(lrq._key_bytes(KEY), n, sigma, layer, lrq.DEFAULT_CHUNK, m))
+        monkeypatch.setenv(lrq.KERNEL_ENV, "numba")
+        fused = lrq.decode(msg, sigma, KEY)
+        monkeypatch.setenv(lrq.KERNEL_ENV, "numpy")
+        np.testing.assert_array_equal(fused.view(np.uint64), lrq.decode(msg, sigma, KEY).view(np.uint64))
 
 
 @settings(max_examples=40, deadline=None)

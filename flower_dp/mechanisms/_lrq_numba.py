@@ -28,7 +28,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-__all__ = ["amax_finite", "encode_block", "decode_block", "decode_block_at", "philox_state", "uniforms_at"]
+__all__ = ["amax_finite", "encode_block", "decode_block", "decode_block_at", "philox_state", "uniforms_at",
+           "v_and_s", "hw_pre", "hw_mid", "floor_post", "hat_post"]
 
 _JIT = {"cache": True, "nogil": True, "error_model": "numpy"}  # fastmath stays off
 
@@ -157,6 +158,78 @@ def decode_block(m, z, r, sig, out, lim, pos, gpos, gz, gv, cnt):
                 gv[n] = one - r[i]
                 n += 1
     return n
+
+
+# --- the layer arithmetic of dense blocks, between numpy's exp / log / log1p ----------------------
+#
+# lrq ``_halfwidths`` + ``_floor_t`` / ``_hat`` are ~20 numpy passes, 3 of them transcendental.  Here
+# the 17 others are 3 kernel passes (plus one for v and s), each doing the numpy path's operations in
+# its order and float type; exp, log and log1p stay numpy calls on the same buffers.
+
+
+@njit(**_JIT)
+def v_and_s(r, u, inv_sigma, v, s):
+    """``v = 1 - r`` and ``s = float(u * inv_sigma)`` (the product in float64, as numpy's ``same_kind`` out)."""
+    one = as_layer(1.0, r[0])
+    for i in range(r.size):
+        v[i] = one - r[i]
+        s[i] = as_layer(u[i] * inv_sigma, one)
+
+
+@njit(**_JIT)
+def hw_pre(z, z2, p):
+    """``z2 = z z``, ``p = z2 (-0.5)`` (then numpy: ``p = exp(p)``, ``own = log(v)``)."""
+    half = as_layer(-0.5, z[0])
+    for i in range(z.size):
+        q = z[i] * z[i]
+        z2[i] = q
+        p[i] = q * half
+
+
+@njit(**_JIT)
+def hw_mid(z2, v, p, own, cap):
+    """``p = -min(p v, cap)``, ``own = sqrt(own (-2) + z2)`` (then numpy: ``p = log1p(p)``)."""
+    two = as_layer(-2.0, cap)
+    for i in range(p.size):
+        q = p[i] * v[i]
+        q = q if q < cap else cap  # np.minimum (no NaN here)
+        p[i] = -q
+        own[i] = np.sqrt(own[i] * two + z2[i])
+
+
+@njit(**_JIT)
+def floor_post(z, s, own, p, out):
+    """Eq. 11 from the half-widths: ``other = sqrt(p (-2))``, ``out = floor(((R - z) + s) / (own + other))``."""
+    two = as_layer(-2.0, z[0])
+    for i in range(z.size):
+        other = np.sqrt(p[i] * two)
+        t = (own[i] if z[i] >= 0 else other) - z[i]  # R - x (in units of sigma)
+        t = t + s[i]
+        out[i] = np.floor(t / (own[i] + other))  # an integer below the int dtype's range (the level bound)
+
+
+def _times_level(w, m):
+    """``w * m`` as numpy's ``own *= m`` computes it; jit only."""
+    raise NotImplementedError("_times_level is only defined inside numba-compiled code")
+
+
+@overload(_times_level, jit_options=_JIT)
+def _times_level_ol(w, m):
+    if w == types.float32 and m.bitwidth <= 16:  # numpy: float32 loop (int8 / int16 -> float32 exactly)
+        return lambda w, m: w * np.float32(m)
+    if w == types.float32:  # numpy: float64 loop, the product rounded back to float32
+        return lambda w, m: np.float32(np.float64(w) * np.float64(m))
+    return lambda w, m: w * np.float64(m)
+
+
+@njit(**_JIT)
+def hat_post(z, m, own, p, sig, out):
+    """Eq. 12 from the half-widths: ``out = float64((own + other) m + z) * sig``."""
+    two = as_layer(-2.0, z[0])
+    for i in range(z.size):
+        w = own[i] + np.sqrt(p[i] * two)
+        x = _times_level(w, m[i]) + z[i]
+        out[i] = np.float64(x) * sig
 
 
 # --- the decoder's v where m != 0, straight from the Philox counter ------------------------------
