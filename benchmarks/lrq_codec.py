@@ -72,7 +72,7 @@ def run_codec(quick: bool = False, *, d: int | None = None) -> dict:
     The fused kernels (numba) and the numpy path run in one interleaved loop with the draws.
     ``ratio`` (the headline ``lrq_codec_ratio``) uses the minimum over the repeats (the least
     disturbed run on a shared machine), ``median_ratio`` the medians; the same for ``*_numpy``
-    and ``*_dense``.
+    and ``*_dense``; ``cpu_*`` the same of each call's thread CPU time.
     """
     try:
         from flower_dp.mechanisms import lrq
@@ -104,16 +104,32 @@ def run_codec(quick: bool = False, *, d: int | None = None) -> dict:
 
     with _kernel(fused):  # the first call imports numba and loads (or compiles) the kernels: not timed
         lrq.decode(lrq.encode(u[:1000], sigma, key), sigma, key)
-    times = interleaved_times({
+    fns = {
         "draw": lambda: _draw_only(d, chunk, 1, bufs),
         "draw_alloc": lambda: _draw_only(d, chunk, 1),
         "codec": codec(u, "sparse", fused),
         "codec_numpy": codec(u, "sparse_numpy", "numpy"),
         "codec_dense": codec(u_dense, "dense", fused),
         "codec_dense_numpy": codec(u_dense, "dense_numpy", "numpy"),
-    }, repeats=2 if quick else 5, warmup=1, shuffle_seed=0)
+    }
+    # beside the wall time, each call's CPU time in this thread: on a loaded machine it moves far less
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+
+    def cpu_timed(name, fn):
+        def run():
+            c0 = time.thread_time()
+            fn()
+            cpu[name].append(time.thread_time() - c0)
+        return run
+
+    warmup = 1
+    times = interleaved_times({k: cpu_timed(k, f) for k, f in fns.items()}, repeats=2 if quick else 7,
+                              warmup=warmup, shuffle_seed=0)
+    cpu = {k: v[warmup:] for k, v in cpu.items()}
     best = {k: min(v) for k, v in times.items()}
     med = {k: float(np.median(v)) for k, v in times.items()}
+    cpu_best = {k: min(v) for k, v in cpu.items()}
+    cpu_med = {k: float(np.median(v)) for k, v in cpu.items()}
     msg, out = res["sparse"]
     msg_d, out_d = res["dense"]
     same = all(a[0].m.dtype == b[0].m.dtype and np.array_equal(a[0].m, b[0].m) and a[0].tag == b[0].tag
@@ -151,6 +167,16 @@ def run_codec(quick: bool = False, *, d: int | None = None) -> dict:
         "ratio_dense_numpy": ratio("codec_dense_numpy", best),
         "median_ratio_dense_numpy": ratio("codec_dense_numpy", med),
         "nonzero_fraction_dense": round(float(np.count_nonzero(msg_d.m)) / d, 4),
+        # the same ratios of thread CPU time (min / median): what the codec costs when not descheduled
+        "cpu_ratio": ratio("codec", cpu_best),
+        "cpu_median_ratio": ratio("codec", cpu_med),
+        "cpu_ratio_numpy": ratio("codec_numpy", cpu_best),
+        "cpu_median_ratio_numpy": ratio("codec_numpy", cpu_med),
+        "cpu_ratio_dense": ratio("codec_dense", cpu_best),
+        "cpu_median_ratio_dense": ratio("codec_dense", cpu_med),
+        "cpu_ratio_dense_numpy": ratio("codec_dense_numpy", cpu_best),
+        "cpu_median_ratio_dense_numpy": ratio("codec_dense_numpy", cpu_med),
+        "draw_only_cpu_s": round(cpu_best["draw"], 4),
         "same_output": bool(same),  # fused == numpy: m, tag and decoded bits, both inputs
         "error_std_over_sigma": round(float(err.std()) / sigma, 4),  # sanity: ~1 (exactly Gaussian error)
         "error_std_over_sigma_dense": round(float((out_d - u_dense).std()) / sigma, 4),
