@@ -1,6 +1,6 @@
 """The one node builder: an experiment config -> its data, partitions, plan, topology and model -> node i.
 
-Two users build nodes through it, from the same config dict, so they build the same nodes:
+Its users build nodes (or plan them) through it, from the same config dict, so they build the same nodes:
 
 * the in-process runner (:func:`flower_dp.experiments.runner.build_experiment`): ``build_parts(config)``,
   then ``parts.build_node(i, device)`` for every i;
@@ -8,7 +8,9 @@ Two users build nodes through it, from the same config dict, so they build the s
   (``spec_from_config``: ``build_parts(config, test=False).plan``), each SuperNode builds its own node
   (``build_parts(config, plan=plan, test=False).build_node(node_id, device)``).  The drop-in path (your
   own model and data, ``plan_spec``/``model_builder``) shares the steps below it: :func:`model_dim`,
-  :func:`base_topology`, :func:`run_topology` and :func:`make_run_node`.
+  :func:`base_topology`, :func:`run_topology` and :func:`make_run_node`;
+* the Flower backend (:func:`flower_dp.experiments.flower_backend.run_flower_experiment`): one ``build_parts(config)``
+  on the server gives the SuperNodes' spec (``spec_from_parts``), the test split and the evaluation model.
 
 The order of the steps (and so which error a bad config raises first) is the runner's: load the data,
 partition it, build the base topology, plan (its size d from a fresh model), derive the algorithm's

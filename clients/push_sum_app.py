@@ -35,12 +35,11 @@ from flower_dp.gossip import Contribution, Share
 from flower_dp.gossip import relay as keys
 from flower_dp.rng import NodeKey, numpy_rng
 
-from .builder import base_topology, build_parts, make_run_node, model_dim, run_topology
+from .builder import ExperimentParts, base_topology, build_parts, make_run_node, model_dim, run_topology
 
 __all__ = ["ToyQuadraticNode", "build_toy_node", "build_plan_node", "build_registry_node", "toy_builder",
-           "registry_builder", "spec_from_config", "plan_spec", "model_builder", "make_client_app", "handle_message",
-           "handle_content",
-           "BUILDERS"]
+           "registry_builder", "spec_from_config", "spec_from_parts", "plan_spec", "model_builder", "make_client_app",
+           "handle_message", "handle_content", "BUILDERS"]
 
 
 
@@ -178,7 +177,13 @@ def spec_from_config(config: Any) -> dict[str, Any]:
 
     ``spec["plan"].num_iters`` is K after the budget's pre-flight truncation.
     """
-    parts = build_parts(config, test=False)
+    return spec_from_parts(build_parts(config, test=False))
+
+
+def spec_from_parts(parts: ExperimentParts) -> dict[str, Any]:
+    """The node spec of an experiment already built by :func:`flower_dp.clients.builder.build_parts` (its config and
+    plan): what the server sends every SuperNode.  The Flower backend builds its parts once, with the test split it
+    evaluates on (:func:`flower_dp.experiments.flower_backend.run_flower_experiment`)."""
     return {"builder": "registry", "algorithm": parts.config["algorithm"]["name"], "config": parts.config,
             "plan": parts.plan}
 

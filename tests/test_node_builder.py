@@ -15,6 +15,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "flower_dp" / "experiments" / "runner.py"
 APP = ROOT / "clients" / "push_sum_app.py"
+FLOWER_BACKEND = ROOT / "flower_dp" / "experiments" / "flower_backend.py"
 #: the steps only the builder takes (loading and partitioning data, topology, planning, making nodes, models)
 STEPS = {"load_dataset", "partition", "make_topology", "check_strongly_connected", "topology_for", "make_node",
          "build_model"}
@@ -43,7 +44,7 @@ def _names(path: Path, functions: tuple[str, ...] = ()) -> tuple[set[str], set[s
     return imported, called
 
 
-@pytest.mark.parametrize("path", [RUNNER, APP], ids=["runner", "push_sum_app"])
+@pytest.mark.parametrize("path", [RUNNER, APP, FLOWER_BACKEND], ids=["runner", "push_sum_app", "flower_backend"])
 def test_runner_and_client_app_go_through_the_builder(path):
     imported, called = _names(path)
     assert "build_parts" in imported and "build_parts" in called, f"{path.name} does not call build_parts"

@@ -34,9 +34,8 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
-    from ..clients.push_sum_app import make_client_app, spec_from_config
-    from ..data import load_dataset
-    from ..models import build_model
+    from ..clients.builder import build_parts
+    from ..clients.push_sum_app import make_client_app, spec_from_parts
     from ..strategies.push_sum import PushSumStrategy
     from .runner import evaluate_params
 
@@ -44,13 +43,13 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     prev = rio.read_json(out / "results.json")
     if resume is None:
         resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
-    spec = spec_from_config(cfg)
-    plan = spec["plan"]
-    test = load_dataset(cfg.data["dataset"], train=False, root=cfg.data["root"])
-    m = int(cfg.data["test_samples"] or len(test.y))
-    x_test, y_test = test.x[:m], test.y[:m]
-    model = build_model(cfg.model["name"], num_classes=test.num_classes, seed=int(cfg.run["seed"]),
-                        **{k: v for k, v in cfg.model.items() if k != "name"})
+    # the one node builder, as the in-process runner builds its run: the plan the SuperNodes get, the test split and
+    # the evaluation model (the SuperNodes build their nodes from the same config and plan)
+    parts = build_parts(cfg)
+    spec = spec_from_parts(parts)
+    plan = parts.plan
+    x_test, y_test = parts.test_data()
+    model = parts.new_model()
 
     def evaluate(rnd: int, avg: torch.Tensor) -> dict[str, float]:
         acc, loss = evaluate_params(model, avg, x_test, y_test)
@@ -83,8 +82,8 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
         row.update(row.pop("eval", {}) or {})
     doc.update({
         "config": cfg.to_dict(), "seed": cfg.run["seed"], "num_iters_requested": int(cfg.run["num_iters"]),
-        "info": {"dataset": test.name, "synthetic_data": bool(getattr(test, "synthetic", False)),
-                 "test_samples": m, "dim": int(plan.dim), "topology": cfg.topology["name"], "device": "cpu"},
+        "info": {"dataset": parts.test.name, "synthetic_data": bool(getattr(parts.test, "synthetic", False)),
+                 "test_samples": len(x_test), "dim": int(plan.dim), "topology": cfg.topology["name"], "device": "cpu"},
         "wall_time_s_with_startup": time.perf_counter() - t0,
     })
     if doc.get("status") == "finished" and int(plan.num_iters) < int(cfg.run["num_iters"]):
