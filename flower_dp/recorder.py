@@ -17,11 +17,28 @@ from typing import Any
 from . import results as rio
 from .errors import CheckpointError
 
-__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STATUSES"]
+__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STATUSES", "completed_status"]
 
 #: ``results.json["status"]``: while segments run, after the last one, cut short by the privacy budget, after an error
 RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED = "running", "finished", "stopped_by_budget", "failed"
 STATUSES = (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED)
+
+
+def completed_status(num_iters_run: int, num_iters_requested: int) -> str:
+    """The status of a run that has run every iteration of its plan: ``finished`` or ``stopped_by_budget``.
+
+    The rule: fewer iterations run than the config asked for -> ``stopped_by_budget``; as many or more ->
+    ``finished``.  What cuts K short is the privacy budget's pre-flight truncation (``budget_epsilon``,
+    :func:`flower_dp.clients.registry.prepare`).  PrivSGP-VR's K* (``kstar_A``/``kstar_L``, eq. 12) replaces the
+    requested K by its own: a K* above the request is ``finished``; one below it reads ``stopped_by_budget``, as a
+    budget stop does (the status does not tell the two apart; the plan's warnings name the cause).  A run that has
+    not run all its iterations is ``running`` or ``failed``; this function does not decide those.
+
+    The in-process runner (:func:`flower_dp.experiments.run_experiment`) and
+    :class:`flower_dp.strategies.PushSumStrategy` (and through it the Flower backend) decide with it.
+    """
+    return FINISHED if int(num_iters_run) >= int(num_iters_requested) else STOPPED_BY_BUDGET
+
 
 #: ``refusal(where, checkpoint's value, this run's value) -> message`` for one identity field
 Refusal = Callable[[str, Any, Any], str]

@@ -67,7 +67,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.recorder import FAILED, FINISHED, RUNNING, STOPPED_BY_BUDGET, RunRecorder
+from flower_dp.recorder import FAILED, RUNNING, RunRecorder, completed_status
 from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
@@ -278,7 +278,8 @@ class PushSumStrategy(Strategy):
                     server[key] = v
                 result.evaluate_metrics_serverapp[rnd] = server
                 self._write(RUNNING, t0, error)
-            status = FINISHED
+            # the plan's iterations ran: finished, or cut short by the budget (the recorder's one rule)
+            status = completed_status(self.num_iters, self._num_iters_requested())
         except Exception as exc:
             status, error = FAILED, f"{type(exc).__name__}: {exc}"
             raise
@@ -577,6 +578,10 @@ class PushSumStrategy(Strategy):
         allowed = PUBLIC_NODE_METRICS | HEURISTIC_BROADCAST_METRICS | {"round", "k", "bits_total", "eval"}
         return self.debug_metrics or all(key in allowed for row in self.history for key in row)
 
+    def _num_iters_requested(self) -> int:
+        """K the config asked for (the plan's; without a plan, ``num_iters``)."""
+        return int(getattr(self.spec.get("plan"), "num_iters_requested", self.num_iters))
+
     def _write(self, status: str, t0: float, error: str | None) -> None:
         """``results.json`` and ``history.csv`` in the in-process runner's layout (plus Flower's extras)."""
         if self.out_path is None:
@@ -584,15 +589,12 @@ class PushSumStrategy(Strategy):
         plan = self.spec.get("plan")
         summary = getattr(plan, "summary", None)
         rows = [{**{key: v for key, v in row.items() if key != "eval"}, **row.get("eval", {})} for row in self.history]
-        if status == FINISHED and plan is not None and self.num_iters < int(getattr(plan, "num_iters_requested",
-                                                                                    self.num_iters)):
-            status = STOPPED_BY_BUDGET
         doc = {"name": self.run_name, "status": status, "error": error,
                "config": (self.spec.get("config") or {}), "seed": getattr(plan, "seed", None),
                # the toy node (no plan) draws seeded noise and claims no privacy
                "noise": noise_record(bool(getattr(plan, "reproducible", True))),
                "algorithm": self.spec.get("algorithm", "custom"), "backend": f"flower-{self.transport}",
-               "num_iters_requested": int(getattr(plan, "num_iters_requested", self.num_iters)),
+               "num_iters_requested": self._num_iters_requested(),
                "num_iters": self.num_iters, "iters_per_round": self.iters_per_round, "history": rows,
                **release_fields(self.debug_metrics, private=self._claims_privacy(plan)),
                "privacy": {"per_node": self.privacy, "plan": summary() if callable(summary) else {}},

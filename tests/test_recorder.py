@@ -95,3 +95,48 @@ def test_the_three_run_lifecycles_go_through_the_recorder(path):
     for direct in ("save_checkpoint(self.out", "rio.save_checkpoint", "rio.load_checkpoint", "rio.write_json",
                    "rio.write_csv", "write_json(", "write_csv(", "ensure_writable_dir", "load_checkpoint(self.out"):
         assert direct not in src, f"{path} writes its run files itself ({direct})"
+
+
+def test_completed_status_rule():
+    """A run that ran its plan's K: fewer iterations than requested is a budget stop, as many or more (PrivSGP-VR's
+    K* above the request) is finished."""
+    from flower_dp.recorder import completed_status
+
+    assert completed_status(40, 40) == FINISHED
+    assert completed_status(17, 40) == STOPPED_BY_BUDGET
+    assert completed_status(3120, 40) == FINISHED
+    assert completed_status(1, 2) == STOPPED_BY_BUDGET
+
+
+@pytest.mark.parametrize("path", ["flower_dp/experiments/runner.py", "strategies/push_sum.py",
+                                  "flower_dp/experiments/flower_backend.py"])
+def test_one_rule_decides_finished_or_stopped_by_budget(path):
+    """The runner and PushSumStrategy call completed_status; none of them (nor the Flower backend, which keeps the
+    strategy's status) sets stopped_by_budget itself."""
+    src = (ROOT / path).read_text()
+    assert "STOPPED_BY_BUDGET" not in src and '"stopped_by_budget"' not in src, path
+    if "flower_backend" not in path:
+        assert "completed_status(" in src, path
+
+
+def test_privsgp_vr_k_star_above_the_request_is_finished(tmp_path):
+    """PrivSGP-VR's K* (eq. 12) may exceed the requested K: the runner runs K* and calls the run finished."""
+    from flower_dp.clients.builder import build_parts
+    from flower_dp.experiments import config_from_dict, run_experiment
+    from flower_dp.privacy import paper
+
+    def cfg(kstar_a: float, num_iters: int = 4):
+        params = {"lr": 0.05, "batch_size": 8, "G": 2.0, "epsilon": 4.0, "delta": 1e-4, "accountant": "rdp",
+                  "calibration": "paper", "c2": 0.3724, "kstar_A": kstar_a, "kstar_L": 1.0}
+        return config_from_dict({
+            "run": {"name": "kstar", "seed": 0, "num_iters": num_iters, "eval_every": 3, "progress": False},
+            "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 64, "test_samples": 50},
+            "model": {"name": "logreg"}, "topology": {"name": "exp_one_peer", "n_nodes": 2},
+            "algorithm": {"name": "privsgp_vr", "params": params}})
+
+    d = build_parts(cfg(1.0)).dim
+    unit = paper.k_star_privsgp_vr(4.0, 1e-4, J=64, n_nodes=2, A=1.0, L=1.0, d=d, G=2.0, c2=0.3724)
+    res = run_experiment(cfg(6 / unit), out_dir=tmp_path)  # K* = 6 > 4 requested
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert (doc["num_iters"], doc["num_iters_requested"]) == (6, 4) and res.history[-1]["k"] == 6
+    assert res.status == doc["status"] == FINISHED

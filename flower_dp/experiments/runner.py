@@ -30,7 +30,7 @@ from ..errors import NonFiniteError
 from ..gossip import run_iteration
 from ..privacy.budget import charge_replay
 from ..models import cross_entropy_loss, resolve_device
-from ..recorder import FAILED, FINISHED, RUNNING, STOPPED_BY_BUDGET, RunRecorder
+from ..recorder import FAILED, RUNNING, RunRecorder, completed_status
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
 from .config import ExperimentConfig
@@ -257,7 +257,7 @@ def run_experiment(
                 recorder.save_checkpoint({"k": k, "nodes": [n.state_dict() for n in nodes], "history": history,
                                           "bits": bits.tolist(), "train_cpu_s": train_cpu})
             write(RUNNING)
-        status = FINISHED if K == int(cfg.run["num_iters"]) else STOPPED_BY_BUDGET
+        status = completed_status(K, int(cfg.run["num_iters"]))
     except NonFiniteError as exc:
         status, error = FAILED, str(exc)
         write(status)
