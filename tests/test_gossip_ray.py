@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from state_compare import first_difference
 
 from flower_dp.clients.push_sum_app import build_toy_node
 from flower_dp.errors import GossipTimeoutError
@@ -201,36 +202,6 @@ def test_existing_ray_cluster_via_ray_address():
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _equal_states(a, b, path="state"):
-    """Recursive bitwise comparison of two state dicts; returns the first differing path or None."""
-    if isinstance(a, torch.Tensor):
-        return None if isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b) else path
-    if isinstance(a, dict):
-        if not isinstance(b, dict) or set(a) != set(b):
-            return path
-        for k in a:
-            bad = _equal_states(a[k], b[k], f"{path}.{k}")
-            if bad:
-                return bad
-        return None
-    if isinstance(a, (list, tuple)):
-        if len(a) != len(b):
-            return path
-        for i, (u, v) in enumerate(zip(a, b)):
-            bad = _equal_states(u, v, f"{path}[{i}]")
-            if bad:
-                return bad
-        return None
-    try:
-        import numpy as np
-
-        if isinstance(a, np.ndarray):
-            return None if np.array_equal(a, b) else path
-    except ImportError:  # pragma: no cover
-        pass
-    return None if a == b or (a != a and b != b) else path
-
-
 DP = dict(epsilon=2.0, delta=1e-4)
 REAL_CASES = [
     ("dyn_d2p", dict(lr=0.1, batch_size=8, variant="dyn", **DP), "random_irregular", "logreg"),
@@ -281,12 +252,12 @@ def test_real_algorithms_bit_identical_on_ray(ray_local, algorithm, params, topo
         r1, r2 = be.run_segment(0, 2, debug_metrics=True), be.run_segment(2, K, debug_metrics=True)
         states = be.state_dicts()
         for nd in ref:
-            bad = _equal_states(nd.state_dict(), states[nd.node_id])
+            bad = first_difference(nd.state_dict(), states[nd.node_id])
             assert bad is None, f"{algorithm}: node {nd.node_id} differs at {bad}"
         assert torch.equal(torch.as_tensor(r1.bits_sent + r2.bits_sent), ref_bits)
         assert {i: r1.metrics[i] + r2.metrics[i] for i in range(n)} == ref_metrics
         reports = be.call("privacy_report")
-        assert _equal_states(reports[0], ref[0].privacy_report()) is None  # NaN-aware (eps_paper may be NaN)
+        assert first_difference(reports[0], ref[0].privacy_report()) is None  # NaN-aware (eps_paper may be NaN)
     finally:
         be.shutdown()
 

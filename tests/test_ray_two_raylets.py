@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 import torch
+from state_compare import first_difference
 
 from flower_dp.gossip import run_iteration
 from flower_dp.gossip.ray_backend import RayGossipBackend
@@ -80,33 +81,6 @@ def _prepare_reproducible(algorithm, params, **kw):
     if "reproducible" in inspect.signature(registry.prepare).parameters:
         kw["reproducible"] = True  # default: secret per-node noise from OS entropy, different in every process
     return registry.prepare(algorithm, params, **kw)
-
-
-def _equal_states(a, b, path="state"):
-    """Recursive bitwise comparison; returns the first differing path or None (NaN equals NaN)."""
-    if isinstance(a, torch.Tensor):
-        return None if isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b) else path
-    if isinstance(a, dict):
-        if not isinstance(b, dict) or set(a) != set(b):
-            return path
-        for k in a:
-            bad = _equal_states(a[k], b[k], f"{path}.{k}")
-            if bad:
-                return bad
-        return None
-    if isinstance(a, (list, tuple)):
-        if not isinstance(b, (list, tuple)) or len(a) != len(b):
-            return path
-        for i, (u, v) in enumerate(zip(a, b)):
-            bad = _equal_states(u, v, f"{path}[{i}]")
-            if bad:
-                return bad
-        return None
-    import numpy as np
-
-    if isinstance(a, np.ndarray):
-        return None if np.array_equal(a, b) else path
-    return None if a == b or (a != a and b != b) else path
 
 
 def _tensors_on(obj, found=None):
@@ -175,13 +149,13 @@ def test_hosts_on_both_raylets_bit_identical_to_inprocess(two_raylets, algorithm
         states = be.state_dicts()
         for nd in ref:
             assert _tensors_on(states[nd.node_id]) == {"cpu"}
-            bad = _equal_states(nd.state_dict(), states[nd.node_id])
+            bad = first_difference(nd.state_dict(), states[nd.node_id])
             assert bad is None, f"{algorithm}: node {nd.node_id} differs at {bad}"
         assert [int(b) for b in r1.bits_sent + r2.bits_sent] == ref_bits
         assert {i: r1.metrics[i] + r2.metrics[i] for i in range(n)} == ref_metrics
         reports = be.call("privacy_report")
         for nd in ref:
-            assert _equal_states(reports[nd.node_id], nd.privacy_report()) is None
+            assert first_difference(reports[nd.node_id], nd.privacy_report()) is None
         avg = be.network_average()
         ref_avg = (torch.stack([nd.eval_params().double() for nd in ref]).sum(0) / n).float()
         assert torch.equal(avg, ref_avg)
