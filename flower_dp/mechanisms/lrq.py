@@ -453,7 +453,8 @@ def _encode_numpy(u: np.ndarray, inv_sigma: float, m: np.ndarray, entropy: int, 
 
 def _encode_fused(kern, u: np.ndarray, inv_sigma: float, m: np.ndarray, entropy: int, chunk_size: int,
                   dtype: str) -> None:
-    """:func:`_encode_numpy` with the bound test and the gather fused into one kernel call per block.
+    """:func:`_encode_numpy` with the bound test and the gather fused into one kernel call per block
+    and the dense blocks' exact steps in kernels (:func:`_floor_t` with ``kern``).
 
     Same blocks, same dense/sparse decisions, same numpy calls on the same values for everything
     that is not exact arithmetic: the same m.
