@@ -11,6 +11,8 @@ shared machine absolute times are noisy; the ratios are what to compare.
 | ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
 | ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
+| ``accounting_seconds_30000`` | rigorous eps of a 30,000-step schedule, 30,000 distinct levels | (seconds, cold, min of 3) |
+| ``accounting_eps_rel_diff_30000`` | its bucketed eps | a lower bound of its unbucketed eps (levels rounded up) |
 | ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
 | ``wire_ratio`` | bytes Flower ships for a Gau-LRQ round's uploads (real mod) | algorithmic bits / 8 |
 | ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale) | |
@@ -44,6 +46,8 @@ REQUIRED_KEYS = (
     "engine_overhead_ratio",
     "accounting_seconds_3000",
     "accounting_eps_rel_diff",
+    "accounting_seconds_30000",
+    "accounting_eps_rel_diff_30000",
     "lrq_codec_ratio",
     "wire_ratio",
     "max_nodes_flower_cnn",
@@ -128,6 +132,8 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "engine_overhead_ratio": _get(details, "engine_overhead", "value"),
         "accounting_seconds_3000": None if quick else _get(details, "accounting", "seconds_bucketed"),
         "accounting_eps_rel_diff": _get(details, "accounting", "eps_rel_diff"),
+        "accounting_seconds_30000": None if quick else _get(details, "accounting", "long", "seconds"),
+        "accounting_eps_rel_diff_30000": None if quick else _get(details, "accounting", "long", "eps_rel_diff"),
         "lrq_codec_ratio": _get(details, "lrq_codec", "ratio"),
         "wire_ratio": _get(details, "wire", "ratio"),
         "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
@@ -193,6 +199,10 @@ def format_table(doc: dict) -> str:
     rows.append((f"accounting {ac.get('steps')} steps (s)", _fmt(ac.get("seconds_bucketed")), ac.get("note", "")))
     rows.append(("accounting eps rel diff", _fmt(doc["accounting_eps_rel_diff"]),
                  f"bucketed {_fmt(ac.get('ref_eps_bucketed'))} vs exact {_fmt(ac.get('ref_eps_unbucketed'))}"))
+    lg = ac.get("long") or {}
+    rows.append((f"accounting {lg.get('steps')} steps (s)", _fmt(lg.get("seconds")),
+                 f"median {_fmt(lg.get('median_seconds'))} s; eps {_fmt(lg.get('eps'))} <= {_fmt(lg.get('lower_eps'))} "
+                 f"(levels rounded up) + {_fmt(lg.get('eps_rel_diff'))} rel; PLD h vs h/2 {_fmt(lg.get('pld_discretization_rel_diff'))}"))
     lc = _get(doc, "details", "lrq_codec") or {}
     rows.append(("LRQ codec / draws", _fmt(doc["lrq_codec_ratio"]),
                  lc.get("note") or f"d={lc.get('d')}: {lc.get('encode_decode_s')} s vs {lc.get('draw_only_s')} s; "

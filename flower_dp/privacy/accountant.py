@@ -47,7 +47,10 @@ Laplace steps with per-release eps ``1/nu > LAPLACE_BASIC_ABOVE`` (DPPS at its p
 Speed: equal steps are merged and self-composed; for schedules with more than ``MAX_BUCKETS``
 distinct noise levels, ``nu`` is rounded DOWN onto a grid (``"auto"``: uniform in ``nu^-2``;
 a number: geometric with that relative step) before merging.  Less noise can only increase
-eps, so the bucketed eps is never below the exact one.  Results are memoised on the merged
+eps, so the bucketed eps is never below the exact one.  Histories of more than ``FINE_LEVELS``
+Poisson-subsampled Gaussian levels (add/remove) are composed by :mod:`.fast_compose`: dp-accounting's
+PLD and RDP bounds, all levels at once (0.2-0.5 s for 72 levels instead of 5-15 s; the same numbers
+to ~1e-9).  Results are memoised on the merged
 history.
 """
 
@@ -65,6 +68,7 @@ from dp_accounting import pld, rdp
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from ..errors import UnsupportedEventError
+from . import fast_compose
 
 __all__ = [
     "GaussianStep",
@@ -95,7 +99,7 @@ MAX_BUCKETS = 72
 #: ``accountant="auto"`` skips the PLD for histories with a Gaussian step below this multiplier (its
 #: privacy-loss grid grows like 1/nu^2; at such noise eps is in the hundreds and RDP is as good)
 PLD_MIN_NU = 0.02
-#: ``"auto"`` bucketing rounds noise levels onto a grid uniform in ``nu**-POWER_GRID`` (see ``_bucket_power``)
+#: ``"auto"`` bucketing rounds noise levels onto a grid uniform in ``nu**-POWER_GRID`` (see ``_power_keys``)
 POWER_GRID = 2.0
 DEFAULT_BUCKET_REL = "auto"
 #: Laplace steps with a per-release eps 1/nu above this are composed by basic (pure-DP) composition:
@@ -178,7 +182,8 @@ def _round_down(nu: float, rel: float) -> float:
     return math.exp(math.floor(math.log(nu) / base + 1e-9) * base)
 
 
-def _bucket_fixed(steps: list[Step], rel: float) -> list[Step]:
+def _merge(steps: Iterable[Step], rel: float) -> OrderedDict[tuple, int]:
+    """Counts per (rounded-down) step key, in order of first appearance; zero counts dropped."""
     merged: OrderedDict[tuple, int] = OrderedDict()
     for s in steps:
         if isinstance(s, GaussianStep):
@@ -189,21 +194,30 @@ def _bucket_fixed(steps: list[Step], rel: float) -> list[Step]:
             raise UnsupportedEventError(f"unsupported privacy step {s!r}; use GaussianStep or LaplaceStep")
         if s.count:
             merged[key] = merged.get(key, 0) + int(s.count)
+    return merged
+
+
+def _steps_of(merged: OrderedDict[tuple, int]) -> list[Step]:
     return [GaussianStep(k[1], k[2], c, k[3], k[4]) if k[0] == "g" else LaplaceStep(k[1], c) for k, c in merged.items()]
 
 
-def _bucket_power(steps: list[Step], levels: int) -> list[Step]:
+def _bucket_fixed(steps: list[Step], rel: float) -> list[Step]:
+    return _steps_of(_merge(steps, rel))
+
+
+def _power_keys(merged: OrderedDict[tuple, int], levels: int) -> OrderedDict[tuple, int]:
     """Round each finite ``nu`` DOWN onto ``levels`` points equally spaced in ``nu^-POWER_GRID`` (per step kind).
 
     A Gaussian step's privacy loss grows like ``1/nu^2`` (RDP ``~ q^2 alpha / nu^2`` for small q), so a
     grid uniform in ``nu^-2`` spreads the rounding error evenly over the levels; a geometric grid in
     ``nu`` spends most of its points where the noise is large and the loss small.  Measured on a
     Dyn-D2P schedule (300 distinct levels, 96 points): +0.66 % eps over the exact value against +1.1 %
-    for the geometric grid, at the same cost.
+    for the geometric grid, at the same cost.  Works on the keys of :func:`_merge` (no step objects:
+    30,000 levels are merged in ~0.1 s).
     """
     grids: dict[str, tuple[float, float]] = {}
-    for kind, cls in (("g", GaussianStep), ("l", LaplaceStep)):
-        us = [s.nu ** -POWER_GRID for s in steps if isinstance(s, cls) and math.isfinite(s.nu)]
+    for kind, pos in (("g", 2), ("l", 1)):
+        us = [k[pos] ** -POWER_GRID for k in merged if k[0] == kind and math.isfinite(k[pos])]
         if us:
             grids[kind] = (min(us), (max(us) - min(us)) / max(1, levels - 1))
 
@@ -216,14 +230,11 @@ def _bucket_power(steps: list[Step], levels: int) -> list[Step]:
         k = math.ceil((nu ** -POWER_GRID - u0) / du - 1e-9)  # the next grid point up in u: less noise
         return min(nu, (u0 + k * du) ** (-1 / POWER_GRID))
 
-    merged: OrderedDict[tuple, int] = OrderedDict()
-    for s in steps:
-        if isinstance(s, GaussianStep):
-            key = ("g", float(s.q), down(float(s.nu), "g"), s.sampling, s.dataset_size)
-        else:
-            key = ("l", down(float(s.nu), "l"))
-        merged[key] = merged.get(key, 0) + int(s.count)
-    return [GaussianStep(k[1], k[2], c, k[3], k[4]) if k[0] == "g" else LaplaceStep(k[1], c) for k, c in merged.items()]
+    out: OrderedDict[tuple, int] = OrderedDict()
+    for k, c in merged.items():
+        key = ("g", k[1], down(k[2], "g"), k[3], k[4]) if k[0] == "g" else ("l", down(k[1], "l"))
+        out[key] = out.get(key, 0) + c
+    return out
 
 
 def bucket_steps(
@@ -233,20 +244,19 @@ def bucket_steps(
 
     ``bucket_rel``: relative grid step of a geometric grid in ``nu`` (0 = exact merging only) or
     ``"auto"``: exact merging when that leaves at most ``max_buckets`` levels, else the finest grid
-    uniform in ``nu^-2`` (:func:`_bucket_power`) that does.  Rounding is always down (less noise),
+    uniform in ``nu^-2`` (:func:`_power_keys`) that does.  Rounding is always down (less noise),
     so the accounted eps is an upper bound on the exact one.
     """
-    steps = list(steps)
     if bucket_rel != "auto":
         return _bucket_fixed(steps, float(bucket_rel))
-    out = _bucket_fixed(steps, 0.0)
-    if len(out) <= max_buckets or not any(math.isfinite(s.nu) for s in out):
-        return out
+    exact = _merge(steps, 0.0)
+    if len(exact) <= max_buckets or not any(math.isfinite(k[2] if k[0] == "g" else k[1]) for k in exact):
+        return _steps_of(exact)
     levels = max_buckets
     while True:  # several (q, sampling) groups share one grid: shrink it until the merged history fits
-        merged = _bucket_power(out, levels)
+        merged = _power_keys(exact, levels)
         if len(merged) <= max_buckets or levels <= 2:
-            return merged
+            return _steps_of(merged)
         levels = max(2, int(levels * 0.8))
 
 
@@ -294,10 +304,31 @@ def _native_swor_applies(merged: tuple[Step, ...]) -> bool:
     return bool(gs) and all(s.sampling == "fixed_size" for s in gs)
 
 
+def _fast_levels(relation, events) -> tuple[list[float], list[float], list[int]] | None:
+    """(q, nu, count) per level when :mod:`.fast_compose` computes this history: more than ``FINE_LEVELS``
+    levels, every one a PoissonSampled(0 < q < 1, Gaussian(nu > 0)) event under add/remove; else None."""
+    if relation != _R.ADD_OR_REMOVE_ONE or len(events) <= FINE_LEVELS:
+        return None
+    qs, nus, counts = [], [], []
+    for ev, count in events:
+        if not (isinstance(ev, dpa.PoissonSampledDpEvent) and isinstance(ev.event, dpa.GaussianDpEvent)
+                and 0 < ev.sampling_probability < 1 and ev.event.noise_multiplier > 0):
+            return None
+        qs.append(float(ev.sampling_probability))
+        nus.append(float(ev.event.noise_multiplier))
+        counts.append(int(count))
+    return qs, nus, counts
+
+
 @functools.lru_cache(maxsize=64)
 def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discretization: float,
              native_swor: bool = False):
     relation, events = _plan_events(merged, accountant, adjacency, native_swor)
+    fast = _fast_levels(relation, events)
+    if fast is not None:  # the same bounds as dp-accounting's accountants, all levels at once (fast_compose doc)
+        if accountant == "pld":
+            return fast_compose.compose_pld(*fast, discretization), True
+        return fast_compose.FastRDP(*fast), True
     if accountant == "pld":
         acc = pld.PLDAccountant(relation, value_discretization_interval=discretization)
     else:
