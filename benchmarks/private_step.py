@@ -1,9 +1,12 @@
 """Private step cost: one DP-SGD step / one non-private step, same model, batch and optimizer.
 
 DP step = per-sample clipped gradient sum (vmap reference, or the ghost/book-keeping fast
-path) + Gaussian noise on the sum + divide by the batch size + SGD step.  Non-private step =
-``zero_grad; cross_entropy(model(x), y).backward(); opt.step()``.  All variants are timed
-interleaved in one loop (see ``_common.interleaved_times``).
+path) + Gaussian noise on the sum, drawn the way the nodes draw it (``PushSumNode.gaussian``: a
+generator seeded per iteration from the stream (node secret, node, "noise", k), torch's sampler,
+here into a reused buffer) + the SGD step ``p -= (lr / B) (sum + noise)``, the division by the
+batch size folded into the step size (plain SGD: the same update as dividing first, up to
+rounding).  Non-private step = ``zero_grad; cross_entropy(model(x), y).backward(); opt.step()``.
+All variants are timed interleaved in one loop (see ``_common.interleaved_times``).
 
 Peers: when Opacus is installed (``pip install flower-dp[bench]``), its three per-sample
 modes (``grad_sample_mode`` "hooks", "ghost" and "functorch", each set up as its users do with
@@ -44,6 +47,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     from flower_dp.mechanisms.ghost_clipping import ghost_clipped_grad_sum
     from flower_dp.mechanisms.noise import gaussian_noise
     from flower_dp.models import build_model
+    from flower_dp.rng import node_secret, torch_generator
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 1, 28, 28, generator=g)
@@ -60,29 +64,39 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
 
         return step
 
+    lr = 0.0  # the update is computed but parameters stay put: identical work per repeat
+    key = node_secret(False, seed)  # the node's secret key (secret mode, the default)
+
     def private(clip_fn):
         model = build_model(model_name, seed=seed)
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.SGD(params, lr=0.0)  # the update is computed but parameters stay put: identical work per repeat
         d = sum(p.numel() for p in params)
-        noise_gen = torch.Generator().manual_seed(seed + 1)
+        noise = torch.empty(d)
+        k = [0]
 
         def step():
             gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
-            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_gen)).div_(batch)
-            start = 0
+            k[0] += 1  # one stream per iteration, as PushSumNode.gaussian
+            gsum.add_(gaussian_noise(d, noise_multiplier * clip, torch_generator(key, 0, "noise", k[0]), out=noise))
+            views, start = [], 0
             for p in params:
-                p.grad = gsum[start : start + p.numel()].view_as(p)
+                views.append(gsum[start : start + p.numel()].view_as(p))
                 start += p.numel()
-            opt.step()
+            with torch.no_grad():  # SGD: p -= lr * (sum + noise) / B in one pass
+                torch._foreach_add_(params, views, alpha=-lr / batch)
 
         return step
 
     model = build_model(model_name, seed=seed)
     d = sum(p.numel() for p in model.parameters())
-    gen = torch.Generator().manual_seed(seed + 2)
+    buf, kn = torch.empty(d), [0]
+
+    def noise_only():
+        kn[0] += 1
+        return gaussian_noise(d, noise_multiplier * clip, torch_generator(key, 1, "noise", kn[0]), out=buf)
+
     return {
-        "noise": lambda: gaussian_noise(d, noise_multiplier * clip, gen),
+        "noise": noise_only,
         "clip_fast_only": lambda: ghost_clipped_grad_sum(model, F.cross_entropy, x, y, clip),
         "nonprivate": nonprivate(),
         "dp_vmap": private(per_sample_clipped_grad_sum),

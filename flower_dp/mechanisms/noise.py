@@ -30,9 +30,13 @@ def _check_gen(generator, device) -> None:
 
 
 def gaussian_noise(
-    d: int, std: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float32, device="cpu"
+    d: int, std: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float32, device="cpu",
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """i.i.d. ``N(0, std^2)`` noise.
+
+    torch's own sampler (on the CPU: Box-Muller over the generator's mt19937 stream); ``out`` gives the
+    same numbers as a new tensor, bit for bit (tested on the CPU), without allocating one.
 
     Parameters
     ----------
@@ -43,17 +47,25 @@ def gaussian_noise(
         ``std == 0`` returns zeros and draws nothing from ``generator``.
     generator : torch.Generator
         On the same device type as ``device``.
+    out : Tensor, shape (d,), optional
+        Contiguous buffer of ``dtype`` on ``device`` to draw into (overwritten and returned).
 
     Returns
     -------
-    Tensor, shape (d,), ``dtype`` on ``device``
+    Tensor, shape (d,), ``dtype`` on ``device`` (``out`` when given)
     """
     d = check_int("d", d, minimum=0)
     std = check_nonnegative("std", std, hint="std is a standard deviation; 0 means no noise")
+    if out is not None and (tuple(out.shape) != (d,) or out.dtype != dtype or out.device.type != torch.device(device).type
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous ({d},) {dtype} tensor on {device!r}, got shape {tuple(out.shape)}, "
+                         f"{out.dtype} on {out.device}; pass a buffer of the noise's shape")
     if std == 0.0:
-        return torch.zeros(d, dtype=dtype, device=device)
+        return torch.zeros(d, dtype=dtype, device=device) if out is None else out.zero_()
     _check_gen(generator, device)
-    return torch.randn(d, generator=generator, dtype=dtype, device=device).mul_(std)
+    if out is None:
+        return torch.randn(d, generator=generator, dtype=dtype, device=device).mul_(std)
+    return out.normal_(generator=generator).mul_(std)  # what randn(...).mul_(std) computes, bit for bit
 
 
 def laplace_noise(
