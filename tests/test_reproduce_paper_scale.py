@@ -178,6 +178,7 @@ def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
         assert recs[rid]["eps_rigorous"] == float("inf")
     assert all(0 < recs[r]["eps_rigorous"] < 1 for r in recs if "cbar" in r or "inv" in r or "batch" in r)
     names = [c.name for c in rep.claims]
-    assert len(names) == 7 and sum("clipping alone" in n for n in names) == 2
+    assert len(names) == 9 and sum("clipping alone" in n for n in names) == 2
+    assert sum("no noise at all" in n for n in names) == 2  # the twin bounds what any noise calibration can reach
     assert all("non-private" in c.detail or "best" in c.detail or "vs" in c.detail for c in rep.claims)
     assert (tmp_path / "diagnostics.png").is_file() and "clip only" in (tmp_path / "report.md").read_text()

@@ -79,20 +79,29 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
         for name in ("Const-D2P", "Dyn-D2P"):
             twin = pick(groups, diagnostic="clip only", algorithm=name)
             grid = [g for g in groups if g["diagnostic"] == "grid" and g["algorithm"] == name]
-            if nonpriv is None or twin is None or not grid:
-                continue
-            best = max(grid, key=lambda g: g["final_acc"])
-            clip_cost = nonpriv["final_acc"] - twin["final_acc"]
-            noise_cost = twin["final_acc"] - best["final_acc"]
-            out.append(Claim(f"{name}: clipping alone costs less than 3 points (clip-only twin vs non-private)",
-                             bool(clip_cost < 0.03), f"non-private {fmt(nonpriv['final_acc'])}, clip-only "
-                             f"{fmt(twin['final_acc'])}: clipping costs {clip_cost:+.3f}; the noise at eps "
-                             f"{DIAG_EPS:g} costs {noise_cost:+.3f} more (best grid point {fmt(best['final_acc'])})"))
-            gap = best["final_acc"] - paper_at[name]
-            out.append(Claim(f"{name}: the best point of the paper's grid (slice) is within 3 points of the paper's "
-                             f"{paper_at[name] * 100:.2f} % at eps {DIAG_EPS:g}", bool(abs(gap) <= 0.03),
-                             f"best {fmt(best['final_acc'])} at {_setting(best)}; {gap * 100:+.1f} points; grid "
-                             + ", ".join(f"{_setting(g)}: {fmt(g['final_acc'])}" for g in grid)))
+            best = max(grid, key=lambda g: g["final_acc"]) if grid else None
+            if nonpriv is not None and twin is not None:
+                clip_cost = nonpriv["final_acc"] - twin["final_acc"]
+                noise = (f"; the noise at eps {DIAG_EPS:g} costs {twin['final_acc'] - best['final_acc']:+.3f} more "
+                         f"(best grid point {fmt(best['final_acc'])})" if best is not None else
+                         "; the grid runs that price the noise have not finished")
+                out.append(Claim(f"{name}: clipping alone costs less than 3 points (clip-only twin vs non-private)",
+                                 bool(clip_cost < 0.03), f"non-private {fmt(nonpriv['final_acc'])}, clip-only "
+                                 f"{fmt(twin['final_acc'])}: clipping costs {clip_cost:+.3f}{noise}"))
+            if twin is not None:
+                # no noise can raise the accuracy above its noiseless twin's: the paper's number above it needs
+                # another clipping (hyper-parameters), whatever the noise calibration
+                out.append(Claim(f"{name}: our default clipping (no noise at all) reaches the paper's "
+                                 f"{paper_at[name] * 100:.2f} % at eps {DIAG_EPS:g} (within 3 points)",
+                                 bool(twin["final_acc"] >= paper_at[name] - 0.03),
+                                 f"clip-only twin {fmt(twin['final_acc'])} vs the paper's {paper_at[name]:.4f}: "
+                                 f"{(twin['final_acc'] - paper_at[name]) * 100:+.1f} points"))
+            if best is not None:
+                gap = best["final_acc"] - paper_at[name]
+                out.append(Claim(f"{name}: the best point of the paper's grid (slice) is within 3 points of the "
+                                 f"paper's {paper_at[name] * 100:.2f} % at eps {DIAG_EPS:g}", bool(abs(gap) <= 0.03),
+                                 f"best {fmt(best['final_acc'])} at {_setting(best)}; {gap * 100:+.1f} points; grid "
+                                 + ", ".join(f"{_setting(g)}: {fmt(g['final_acc'])}" for g in grid)))
         const = [g for g in groups if g["diagnostic"] == "grid" and g["algorithm"] == "Const-D2P"]
         dyn = [g for g in groups if g["diagnostic"] == "grid" and g["algorithm"] == "Dyn-D2P"]
         if const and dyn:
