@@ -61,12 +61,12 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
             for v, name in (("const", "Const-D2P"), ("dyn", "Dyn-D2P")):
                 specs.append(spec(f"{v}-clip-only", {"diagnostic": "clip only", "algorithm": name},
                                   {"variant": v, "clip_only": True}, seed))
+            for inv in sorted(g["inv_rho"], reverse=True):  # the open question first: Dyn-D2P, the mildest decay
+                specs.append(spec(f"dyn-inv{inv:g}", {"diagnostic": "grid", "algorithm": "Dyn-D2P", "inv_rho": inv},
+                                  {"variant": "dyn", "rho_c": 1 / inv, "rho_mu": 1 / inv}, seed))
             for cb in g["clip_bar"]:
                 specs.append(spec(f"const-cbar{cb:g}", {"diagnostic": "grid", "algorithm": "Const-D2P",
                                                         "clip_bar": cb}, {"variant": "const", "clip_bar": cb}, seed))
-            for inv in g["inv_rho"]:
-                specs.append(spec(f"dyn-inv{inv:g}", {"diagnostic": "grid", "algorithm": "Dyn-D2P", "inv_rho": inv},
-                                  {"variant": "dyn", "rho_c": 1 / inv, "rho_mu": 1 / inv}, seed))
             for v, name in (("const", "Const-D2P"), ("dyn", "Dyn-D2P")):
                 specs.append(spec(f"{v}-batch{BATCH_FACTOR * s['B']}", {"diagnostic": "batch", "algorithm": name},
                                   {"variant": v}, seed, batch=BATCH_FACTOR * s["B"]))
