@@ -75,3 +75,17 @@ def test_out_buffer_of_the_wrong_shape_or_dtype_is_refused():
         gaussian_noise(10, 1.0, gen, out=torch.empty(9))
     with pytest.raises(ValueError, match="got shape"):
         gaussian_noise(10, 1.0, gen, out=torch.empty(10, dtype=torch.float64))
+
+
+def test_noise_is_drawn_in_float64_so_its_tail_is_not_cut_at_5_77_std():
+    """torch's float32 sampler builds a draw from a 24-bit uniform: |z| <= sqrt(2 ln 2^24) = 5.77, a cut tail the
+    Gaussian accountants do not charge.  The noise is drawn in float64 (53-bit uniforms, cut at 8.57) and rounded."""
+    from flower_dp.mechanisms.noise import TAIL_CUT_STD
+
+    assert math.sqrt(2 * 24 * math.log(2)) < 5.78 and abs(math.sqrt(2 * 53 * math.log(2)) - TAIL_CUT_STD) < 0.01
+    got = gaussian_noise(4096, 0.7, torch.Generator().manual_seed(3))
+    ref = torch.randn(4096, generator=torch.Generator().manual_seed(3), dtype=torch.float64).mul_(0.7).float()
+    assert got.dtype == torch.float32 and torch.equal(got, ref)
+    assert not torch.equal(got, torch.randn(4096, generator=torch.Generator().manual_seed(3)).mul_(0.7))
+    buf = torch.empty(4096)
+    assert torch.equal(gaussian_noise(4096, 0.7, torch.Generator().manual_seed(3), out=buf), ref)

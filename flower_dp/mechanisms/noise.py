@@ -13,7 +13,12 @@ import torch
 
 from flower_dp._checks import check_int, check_nonnegative
 
-__all__ = ["gaussian_noise", "laplace_noise"]
+__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD"]
+
+#: The largest |draw| / std :func:`gaussian_noise` can produce: Box-Muller over 53-bit uniforms, sqrt(2 ln 2^53).
+#: The Gaussian accountants assume an untruncated tail; the mass they miss per release is at most
+#: ``q * P(Z > TAIL_CUT_STD - sensitivity / std)`` (about 1e-14 at noise multiplier 1), far below any delta used here.
+TAIL_CUT_STD = 8.57
 
 
 def _check_gen(generator, device) -> None:
@@ -35,8 +40,9 @@ def gaussian_noise(
 ) -> torch.Tensor:
     """i.i.d. ``N(0, std^2)`` noise.
 
-    torch's own sampler (on the CPU: Box-Muller over the generator's mt19937 stream); ``out`` gives the
-    same numbers as a new tensor, bit for bit (tested on the CPU), without allocating one.
+    torch's own sampler (on the CPU: Box-Muller over the generator's mt19937 stream) in float64, then rounded to
+    ``dtype``: float32 draws are cut at 5.77 std (24-bit uniforms), float64 draws at 8.57 std; see
+    :data:`TAIL_CUT_STD`.  ``out`` gives the same numbers as a new tensor, bit for bit (tested on the CPU).
 
     Parameters
     ----------
@@ -63,9 +69,14 @@ def gaussian_noise(
     if std == 0.0:
         return torch.zeros(d, dtype=dtype, device=device) if out is None else out.zero_()
     _check_gen(generator, device)
+    # Drawn in float64 whatever ``dtype``: torch's float32 sampler builds each draw from a 24-bit uniform, so no draw
+    # exceeds sqrt(2 ln 2^24) = 5.77 std (the tail beyond it is missing and thinned before it), an output region that
+    # a neighbouring input reaches and this one cannot: a delta no Gaussian accountant charges.  float64 draws use
+    # 53-bit uniforms, so the cut is at sqrt(2 ln 2^53) = 8.57 std (tail mass 1e-17 per coordinate).
+    noise = torch.randn(d, generator=generator, dtype=torch.float64, device=device).mul_(std)
     if out is None:
-        return torch.randn(d, generator=generator, dtype=dtype, device=device).mul_(std)
-    return out.normal_(generator=generator).mul_(std)  # what randn(...).mul_(std) computes, bit for bit
+        return noise if dtype == torch.float64 else noise.to(dtype)
+    return out.copy_(noise)  # what the new tensor holds, bit for bit
 
 
 def laplace_noise(
