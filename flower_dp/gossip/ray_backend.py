@@ -7,10 +7,12 @@ nodes and exchange shares *directly with each other* are the fast way.  Per iter
 
 1. calls ``contribute(k)`` on its nodes and sends them to every other host
    (all-gather; each host then runs :func:`reduce_contributions` over all nodes, so every
-   host computes the same ``reduced`` in node-id order, no reducer actor needed);
+   host computes the same ``reduced`` in node-id order, no reducer actor needed; a host whose
+   nodes contribute nothing does not wait: then none does, and ``reduced`` is None);
 2. calls ``local_step(k, reduced)`` on its nodes, keeps the shares addressed to its own
-   nodes and sends the others, grouped per destination host, to those hosts (an actor
-   call; Ray moves payloads over 100 KiB through the object store, never via the driver);
+   nodes and sends the others, grouped per destination host, to those hosts (one actor
+   call per host pair, the tensors as numpy arrays; Ray moves payloads over 100 KiB through
+   the object store, never via the driver);
 3. waits for the shares of ``k`` from every other host, builds each node's inbox sorted by
    sender and calls ``mix``.
 
@@ -133,7 +135,9 @@ def ensure_ray(address: str | None = None, *, wait_s: float = 0.0, num_cpus: int
     else:
         check_ray_address(addr)
     try:
-        ray.init(address=addr, **kw)
+        # "local": a new instance even when another Ray instance runs on this machine (address=None would join the
+        # latest cluster `ray start` or ray.cluster_utils left in /tmp/ray, e.g. another user's or test's)
+        ray.init(address=addr or "local", **kw)
     except RuntimeError:
         if not ray.is_initialized():  # lost a race with another thread (Flower) that initialised Ray
             raise
