@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ..errors import GossipTimeoutError
@@ -38,8 +39,52 @@ def _to_device(obj: Any, device: str) -> Any:
     return obj
 
 
-def _share_to(s: Share, device: str) -> Share:
-    return Share(s.sender, s.receiver, s.k, _to_device(dict(s.tensors), device), s.weight, s.wire_bits)
+class _HostArray:
+    """A share's torch tensor crossing to another host as its numpy view (:func:`_pack`)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: Any) -> None:
+        self.array = array
+
+    def __reduce__(self):
+        return _HostArray, (self.array,)
+
+
+def _pack(s: Share) -> Share:
+    """``s`` for another host: its CPU tensors as numpy views.
+
+    Ray writes a numpy array into its object store once and the receiver reads it in place, where a torch tensor
+    goes through ``torch.save`` into a bytes object on both sides (two copies and two 0.4 MB allocations per
+    MLP share in the receiving thread; on a host of 512 nodes the heap then grew by ~0.3 MB per node and
+    iteration, freed but never returned).  Values, dtype and shape are unchanged (:func:`_unpack`).
+    """
+    import torch
+
+    out = {}
+    for name, t in s.tensors.items():
+        if isinstance(t, torch.Tensor):
+            t = t.detach().to("cpu")
+            try:
+                t = _HostArray(t.numpy())
+            except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16): the tensor itself
+                pass
+        out[name] = t
+    return Share(s.sender, s.receiver, s.k, out, s.weight, s.wire_bits)
+
+
+def _unpack(s: Share, device: str) -> Share:
+    """A :func:`_pack`-ed share as a share of tensors on ``device``, copied out of Ray's read-only buffer (in the
+    thread that mixes, so the node owns its memory)."""
+    import numpy as np
+    import torch
+
+    out = {}
+    for name, t in s.tensors.items():
+        if isinstance(t, _HostArray):
+            t = torch.from_numpy(np.array(t.array, copy=True))
+        out[name] = t.to(device) if isinstance(t, torch.Tensor) and device != "cpu" else t
+    return Share(s.sender, s.receiver, s.k, out, s.weight, s.wire_bits)
 
 
 class _HostPhases:
@@ -57,6 +102,12 @@ class _HostPhases:
         if host.peers:
             cpu_c = _to_device(contribs, "cpu") if host.device != "cpu" else contribs
             host._broadcast("c", k, {h: cpu_c for h in host.peers})
+            if not any(contribs.values()):
+                # reduce_contributions' contract: every node contributes or none does, so none does and the
+                # reduction is None without waiting (no barrier: SGP-type algorithms exchange only shares).  The
+                # message still goes out: a host whose nodes do contribute waits for it and refuses the mix-up.
+                host._drop("c", k)
+                return {i: None for i in self.network_ids}
             for part in host._gather("c", k).values():
                 contribs.update(part)
         return {i: _to_device(c, "cpu") if c else c for i, c in contribs.items()}
@@ -74,12 +125,12 @@ class _HostPhases:
                 if h == host.host_id:
                     local.setdefault(i, []).append(s)
                 else:
-                    remote[h].append(_share_to(s, "cpu") if host.device != "cpu" else s)
+                    remote[h].append(_pack(s))
         if host.peers:
-            host._broadcast("s", k, remote)
+            host._broadcast("s", k, remote)  # one message per peer host: all its nodes' shares
             for _h, shares in sorted(host._gather("s", k).items()):
                 for s in shares:
-                    local.setdefault(s.sender, []).append(_share_to(s, host.device) if host.device != "cpu" else s)
+                    local.setdefault(s.sender, []).append(_unpack(s, host.device))
         return local
 
     def mix(self, k: int, inboxes: dict[int, list[Share]]) -> None:
@@ -106,6 +157,10 @@ class _Host:
         # every call that touches nodes runs under this lock: model builders and torch's global
         # RNG are not thread-safe, and only ``deliver`` may run beside ``run_segment``
         self.node_lock = threading.RLock()
+        # ... and on this one thread: Ray runs each call on any thread of the actor's pool, and glibc gives every
+        # thread its own heap (arena), so nodes stepped by a new thread each segment grew a new heap of the size of
+        # their working set each time (512 MLP nodes per host: +0.3 GB per segment, freed but never returned)
+        self._node_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"flowerdp-host{host_id}-nodes")
         self.device = "cpu"
         if device is not None:  # the caller's choice (e.g. "cpu" on a GPU share used for placement only)
             self.device = str(device)
@@ -133,44 +188,60 @@ class _Host:
                 "gpu_ids": [str(g) for g in ray.get_gpu_ids()], "device": self.device, "pid": os.getpid(),
                 "nodes": list(self.placement[self.host_id])}
 
+    def _on_nodes(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the node thread (see ``__init__``), under the node lock."""
+        def run() -> Any:
+            with self.node_lock:
+                return fn(*args)
+
+        return self._node_thread.submit(run).result()
+
     def add_node(self, node_id: int, factory: NodeFactory, replace: bool = False) -> str:
         """Build node ``node_id`` here (no-op if it exists and not ``replace``); returns the device."""
-        with self.node_lock:
-            if node_id not in self.placement[self.host_id]:
-                raise ValueError(
-                    f"node {node_id} does not belong on host {self.host_id} (nodes {self.placement[self.host_id]}); "
-                    "compute its host with host_of(node_id, n_nodes, num_hosts)"
-                )
-            if replace or node_id not in self.nodes:
-                node = factory(int(node_id), self.device)
-                if getattr(node, "node_id", None) != node_id:
-                    raise ValueError(f"the factory built a node with node_id={getattr(node, 'node_id', None)!r}, got asked for {node_id}")
-                self.nodes[int(node_id)] = node
-            return self.device
+        return self._on_nodes(self._add_node, node_id, factory, replace)
+
+    def _add_node(self, node_id: int, factory: NodeFactory, replace: bool) -> str:
+        if node_id not in self.placement[self.host_id]:
+            raise ValueError(
+                f"node {node_id} does not belong on host {self.host_id} (nodes {self.placement[self.host_id]}); "
+                "compute its host with host_of(node_id, n_nodes, num_hosts)"
+            )
+        if replace or node_id not in self.nodes:
+            node = factory(int(node_id), self.device)
+            if getattr(node, "node_id", None) != node_id:
+                raise ValueError(f"the factory built a node with node_id={getattr(node, 'node_id', None)!r}, got asked for {node_id}")
+            self.nodes[int(node_id)] = node
+        return self.device
 
     def registered(self) -> list[int]:
         return sorted(self.nodes)
 
     def call(self, method: str, node_ids: Sequence[int] | None, args: tuple = ()) -> dict[int, Any]:
-        with self.node_lock:
-            ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
-            out = {}
-            for i in ids:
-                r = getattr(self.nodes[i], method)(*args)
-                out[i] = _to_device(r, "cpu") if self.device != "cpu" else r
-            return out
+        return self._on_nodes(self._call, method, node_ids, args)
+
+    def _call(self, method: str, node_ids: Sequence[int] | None, args: tuple) -> dict[int, Any]:
+        ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
+        out = {}
+        for i in ids:
+            r = getattr(self.nodes[i], method)(*args)
+            out[i] = _to_device(r, "cpu") if self.device != "cpu" else r
+        return out
 
     def apply(self, fn: Callable[[Any], Any], node_ids: Sequence[int] | None) -> dict[int, Any]:
         """``fn(node)`` on the nodes held here (default all); results by node id."""
-        with self.node_lock:
-            ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
-            return {i: fn(self.nodes[i]) for i in ids}
+        return self._on_nodes(lambda: self._apply(fn, node_ids))
+
+    def _apply(self, fn: Callable[[Any], Any], node_ids: Sequence[int] | None) -> dict[int, Any]:
+        ids = sorted(self.nodes) if node_ids is None else [i for i in node_ids if i in self.nodes]
+        return {i: fn(self.nodes[i]) for i in ids}
 
     def load_states(self, states: dict[int, Any]) -> bool:
-        with self.node_lock:
-            for i, st in states.items():
-                self.nodes[int(i)].load_state_dict(_to_device(st, self.device))
-            return True
+        return self._on_nodes(self._load_states, states)
+
+    def _load_states(self, states: dict[int, Any]) -> bool:
+        for i, st in states.items():
+            self.nodes[int(i)].load_state_dict(_to_device(st, self.device))
+        return True
 
     # -- messaging ----------------------------------------------------------------------
     def deliver(self, kind: str, k: int, sender_host: int, payload: Any) -> bool:
@@ -182,6 +253,12 @@ class _Host:
     def _broadcast(self, kind: str, k: int, payloads: dict[int, Any]) -> None:
         for h, actor in self.peers.items():
             actor.deliver.remote(kind, k, self.host_id, payloads[h])
+
+    def _drop(self, kind: str, k: int) -> None:
+        """Forget messages ``(kind, <= k)`` nobody waits for (the others of this segment are dropped at its start)."""
+        with self.cv:
+            for key in [key for key in self.box if key[0] == kind and key[1] <= k]:
+                del self.box[key]
 
     def _gather(self, kind: str, k: int) -> dict[int, Any]:
         want = set(self.peers)
@@ -210,36 +287,38 @@ class _Host:
                 self.cv.wait(min(left, 1.0))
 
     def run_segment(self, k0: int, k1: int, debug_metrics: bool = False) -> dict[str, Any]:
+        return self._on_nodes(self._run_segment, k0, k1, debug_metrics)
+
+    def _run_segment(self, k0: int, k1: int, debug_metrics: bool) -> dict[str, Any]:
         from ..releases import node_metrics
 
-        with self.node_lock:
-            with self.cv:  # drop stale messages of an earlier, failed segment
-                for key in [key for key in self.box if key[0] == "abort" or key[1] < k0]:
-                    del self.box[key]
-            mine = sorted(self.nodes)
-            if mine != self.placement[self.host_id]:
-                missing = sorted(set(self.placement[self.host_id]) - set(mine))
-                raise GossipTimeoutError(
-                    f"host {self.host_id} cannot run k={k0}: nodes {missing} were never registered; "
-                    "every ClientApp must register its node before the segment starts"
-                )
-            phases = _HostPhases(self, mine)
-            bits = {i: 0 for i in mine}
-            metrics: dict[int, list[dict[str, float]]] = {i: [] for i in mine}
-            reduced_log = []
-            try:
-                for k in range(k0, k1):
-                    log_k = run_protocol_iteration(phases, k)
-                    reduced_log.append(log_k.reduced)
-                    for i in mine:
-                        bits[i] += log_k.bits_sent[i]
-                        # only what may leave the node (flower_dp.releases), unless the run opted in to debug_metrics
-                        metrics[i].append(node_metrics(self.nodes[i], debug_metrics))
-            except BaseException as exc:
-                for actor in self.peers.values():
-                    actor.deliver.remote("abort", -1, self.host_id, f"{type(exc).__name__}: {exc}")
-                raise
-            return {"bits": bits, "metrics": metrics, "reduced": reduced_log}
+        with self.cv:  # drop stale messages of an earlier, failed segment
+            for key in [key for key in self.box if key[0] == "abort" or key[1] < k0]:
+                del self.box[key]
+        mine = sorted(self.nodes)
+        if mine != self.placement[self.host_id]:
+            missing = sorted(set(self.placement[self.host_id]) - set(mine))
+            raise GossipTimeoutError(
+                f"host {self.host_id} cannot run k={k0}: nodes {missing} were never registered; "
+                "every ClientApp must register its node before the segment starts"
+            )
+        phases = _HostPhases(self, mine)
+        bits = {i: 0 for i in mine}
+        metrics: dict[int, list[dict[str, float]]] = {i: [] for i in mine}
+        reduced_log = []
+        try:
+            for k in range(k0, k1):
+                log_k = run_protocol_iteration(phases, k)
+                reduced_log.append(log_k.reduced)
+                for i in mine:
+                    bits[i] += log_k.bits_sent[i]
+                    # only what may leave the node (flower_dp.releases), unless the run opted in to debug_metrics
+                    metrics[i].append(node_metrics(self.nodes[i], debug_metrics))
+        except BaseException as exc:
+            for actor in self.peers.values():
+                actor.deliver.remote("abort", -1, self.host_id, f"{type(exc).__name__}: {exc}")
+            raise
+        return {"bits": bits, "metrics": metrics, "reduced": reduced_log}
 
 
 _REMOTE_CLS: dict[int, Any] = {}
