@@ -15,7 +15,9 @@ shared machine absolute times are noisy; the ratios are what to compare.
 | ``accounting_eps_rel_diff_30000`` | its bucketed eps | a lower bound of its unbucketed eps (levels rounded up) |
 | ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
 | ``wire_ratio`` | bytes Flower ships for a Gau-LRQ round's uploads (real mod) | algorithmic bits / 8 |
-| ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale) | |
+| ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale): MLP nodes in-process / CNN Flower SuperNodes | |
+| ``scale_mlp_{inprocess,ray}_throughput_ratio_1024_vs_64`` | node-iterations/s at n = 1,024 (in-process / 2 Ray host actors) | the same at n = 64 |
+| ``scale_mlp_inprocess_rss_gb_1024``, ``scale_mlp_ray_rss_gb_1024``, ``scale_cnn_flower_rss_gb_64`` | peak RSS (GiB): the process / the summed Ray workers | |
 | ``raylets_throughput_ratio`` | host-actor node-iterations/s on 2 raylets (``ray.cluster_utils.Cluster``) | the same on 1 raylet |
 
 ``private_step_median_ratio_*`` are the same ratios by the median over repeats (the others: minimum).
@@ -105,6 +107,7 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
     """
     import torch
 
+    from . import engine
     from ._common import machine_info, versions
 
     torch.set_num_threads(int(threads))
@@ -138,6 +141,8 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "wire_ratio": _get(details, "wire", "ratio"),
         "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
         "max_nodes_inprocess_mlp": _get(details, "scale", "max_nodes_inprocess_mlp"),
+        **{k: v for k, v in engine.scale_keys(details.get("scale") or {}).items()
+           if k not in ("max_nodes_flower_cnn", "max_nodes_inprocess_mlp")},
         "raylets_throughput_ratio": _get(details, "raylets", "value"),
         "raylets_median_throughput_ratio": _get(details, "raylets", "median_ratio"),
         "raylets_node_iterations_per_s": {str(r): _get(details, "raylets", f"node_iterations_per_s_{r}") for r in (1, 2)},
@@ -194,7 +199,9 @@ def format_table(doc: dict) -> str:
     rows.append(("engine overhead flower/inproc", _fmt(doc["engine_overhead_ratio"]),
                  eo.get("note") or f"Flower segment {eo.get('flower_segment_s')} s (start-up {eo.get('flower_startup_s')} s), "
                  f"host actors alone {eo.get('ray_backend_segment_s')} s, in-process {eo.get('inprocess_s')} s "
-                 f"(min of {len(eo.get('flower_rounds_s') or [])} interleaved; median ratio {eo.get('median_ratio')})"))
+                 f"(min of {len(eo.get('flower_rounds_s') or [])} interleaved; median ratio {eo.get('median_ratio')}; "
+                 f"without the privacy reports {eo.get('ratio_without_privacy_reports')} / "
+                 f"{eo.get('median_ratio_without_privacy_reports')})"))
     ac = _get(doc, "details", "accounting") or {}
     rows.append((f"accounting {ac.get('steps')} steps (s)", _fmt(ac.get("seconds_bucketed")), ac.get("note", "")))
     rows.append(("accounting eps rel diff", _fmt(doc["accounting_eps_rel_diff"]),
@@ -212,13 +219,20 @@ def format_table(doc: dict) -> str:
                  wr.get("note") if wr.get("wire_bytes") is None else
                  f"{wr.get('wire_bytes')} B vs {wr.get('algorithmic_bytes')} B ({wr.get('clients')} clients, "
                  f"{wr.get('packed_width_bits')}-bit packed)"))
-    sc = _get(doc, "details", "scale") or {}
-    im = sc.get("inprocess_mlp") or {}
     rows.append(("max nodes in-process MLP", _fmt(doc["max_nodes_inprocess_mlp"]),
-                 f"{im.get('node_iterations_per_s')} node-it/s, {im.get('rss_mb_per_node')} MB/node"))
-    rows.append(("max nodes Ray CNN", _fmt(doc["max_nodes_flower_cnn"]),
-                 json.dumps({k: (v.get("node_iterations_per_s") if isinstance(v, dict) else v)
-                             for k, v in (sc.get("ray_cnn") or {}).items()})))
+                 f"node-it/s {json.dumps(doc.get('scale_mlp_inprocess_node_iterations_per_s'))}, MB/node "
+                 f"{json.dumps(doc.get('scale_mlp_inprocess_mb_per_node'))}; 1024 vs 64 "
+                 f"{_fmt(doc.get('scale_mlp_inprocess_throughput_ratio_1024_vs_64'))}, peak "
+                 f"{_fmt(doc.get('scale_mlp_inprocess_rss_gb_1024'))} GiB"))
+    rows.append(("max nodes Ray host actors MLP", _fmt(doc.get("max_nodes_ray_mlp")),
+                 f"node-it/s {json.dumps(doc.get('scale_mlp_ray_node_iterations_per_s'))}, MB/node "
+                 f"{json.dumps(doc.get('scale_mlp_ray_mb_per_node'))}; 1024 vs 64 "
+                 f"{_fmt(doc.get('scale_mlp_ray_throughput_ratio_1024_vs_64'))}, peak "
+                 f"{_fmt(doc.get('scale_mlp_ray_rss_gb_1024'))} GiB"))
+    rows.append(("max nodes Flower CNN", _fmt(doc["max_nodes_flower_cnn"]),
+                 f"node-it/s {json.dumps(doc.get('scale_cnn_flower_node_iterations_per_s'))}, MB/node "
+                 f"{json.dumps(doc.get('scale_cnn_flower_mb_per_node'))}; peak "
+                 f"{_fmt(doc.get('scale_cnn_flower_rss_gb_64'))} GiB"))
     rl = _get(doc, "details", "raylets") or {}
     rows.append(("Ray 2 raylets / 1 raylet", _fmt(doc.get("raylets_throughput_ratio")),
                  rl.get("note") or f"node-it/s {rl.get('node_iterations_per_s_2')} vs {rl.get('node_iterations_per_s_1')} "
@@ -246,6 +260,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, default=None, help="run only these benchmarks")
     parser.add_argument("--skip-ray", action="store_true", help="do not start Ray (Ray figures become null)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--scale-plot", type=Path, default=None,
+                        help="draw the scale curves here (PNG), e.g. docs/benchmarks/scale.png")
 
 
 def run_from_args(args) -> int:
@@ -254,6 +270,13 @@ def run_from_args(args) -> int:
     doc = run_suite(quick=args.quick, only=tuple(args.only) if args.only else None, skip_ray=args.skip_ray,
                     threads=args.threads)
     print(format_table(doc))
+    scale_plot = getattr(args, "scale_plot", None)
+    if scale_plot is not None and isinstance(_get(doc, "details", "scale"), dict):
+        from . import engine
+
+        scale_plot.parent.mkdir(parents=True, exist_ok=True)
+        engine.plot_scale(doc["details"]["scale"], scale_plot)
+        print(f"wrote {scale_plot}")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")

@@ -13,10 +13,12 @@ import random
 import resource
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["interleaved_times", "interleaved_medians", "machine_info", "versions", "rss_mb", "missing", "timed"]
+__all__ = ["interleaved_times", "interleaved_medians", "machine_info", "versions", "rss_mb", "missing", "timed",
+           "proc_memory_mb", "ray_worker_pids", "PeakSampler"]
 
 
 def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2) -> dict[str, float]:
@@ -83,6 +85,91 @@ def current_rss_mb() -> float:
         return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return rss_mb()
+
+
+def proc_memory_mb(pid: int, pss: bool = False) -> dict[str, float]:
+    """``{"rss", "hwm"}`` (VmRSS, VmHWM: the process's peak) of process ``pid`` in MiB from /proc; with ``pss`` also
+    ``"pss"`` (its proportional share of shared pages: the sum over processes counts a shared page once).
+    Empty when the process is gone."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{int(pid)}/status") as fh:
+            for line in fh:
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    out[line[2:5].lower()] = int(line.split()[1]) / 1024.0
+        if pss:
+            with open(f"/proc/{int(pid)}/smaps_rollup") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        out["pss"] = int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def ray_worker_pids(root: int | None = None) -> dict[int, str]:
+    """The Ray worker processes this process started (``ray::...`` descendants of ``root``, default this
+    process): ``{pid: process title}`` (host actors ``ray::_Host``, Flower's ``ray::ClientAppActor``, idle
+    workers; not Ray's agents, raylet or GCS).  Other users' Ray instances on the machine are not descendants, so
+    they are left out."""
+    kids = _children()
+    out: dict[int, str] = {}
+    stack = list(kids.get(os.getpid() if root is None else int(root), []))
+    while stack:
+        pid = stack.pop()
+        stack.extend(kids.get(pid, []))
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                title = fh.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        name = title.split()[0] if title else ""
+        if name.startswith("ray::") and not name.endswith("Agent"):  # not the dashboard / runtime-env agents
+            out[pid] = name
+    return out
+
+
+class PeakSampler:
+    """Polls ``measure() -> MiB`` every ``period_s`` in a thread; :meth:`stop` returns the largest value seen
+    (the peak of a sum of processes' RSS, which their own VmHWM cannot give)."""
+
+    def __init__(self, measure: Callable[[], float], period_s: float = 0.25) -> None:
+        self.measure, self.period_s, self.peak = measure, float(period_s), 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.peak = max(self.peak, float(self.measure()))
+            except Exception:  # noqa: BLE001 - a process vanished mid-read: next sample
+                pass
+            if self._stop.wait(self.period_s):
+                return
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.peak = max(self.peak, float(self.measure()))
+        except Exception:  # noqa: BLE001
+            pass
+        return self.peak
 
 
 def machine_info() -> str:

@@ -47,4 +47,5 @@ def register(subparsers) -> None:
                         help="run only these benchmarks")
     parser.add_argument("--skip-ray", action="store_true", help="do not start Ray")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    parser.add_argument("--scale-plot", type=Path, default=None, help="draw the scale curves here (PNG)")
     parser.set_defaults(func=_run)
