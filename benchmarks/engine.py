@@ -339,6 +339,16 @@ def _log(msg: str) -> None:
     print(f"[bench scale] {msg}", file=sys.stderr, flush=True)
 
 
+
+def _rate_vs_reference(out: dict, n: int, segs, per: int, has_reference: bool) -> None:
+    """Put the run's rate into ``out`` and, beside an interleaved reference network, the ratio to its rate."""
+    out.update(_rate(n, segs, per))
+    if has_reference:
+        for key in ("node_iterations_per_s", "median_node_iterations_per_s"):
+            name = "throughput_ratio_vs_reference" if key == "node_iterations_per_s" else \
+                "median_throughput_ratio_vs_reference"
+            out[name] = round(out[key] / out["reference"][key], 3)
+
 def _rate(n: int, seconds: list[float], iters_each: int) -> dict:
     """Node-iterations per second over all timed segments and by the median segment."""
     return {"node_iterations_per_s": round(n * iters_each * len(seconds) / sum(seconds), 2),
@@ -413,12 +423,7 @@ def _mlp_inprocess_point(n: int, J: int, batch: int, iters: int, per: int, ref: 
         segs = _segments(lambda a, b: run_iterations(nodes, a, b), 1, iters, per)
     rss1 = current_rss_mb() - ref_mb
     peak = sampler.stop()
-    out.update(_rate(n, segs, per))
-    if ref:
-        out["throughput_ratio_vs_reference"] = round(out["node_iterations_per_s"]
-                                                     / out["reference"]["node_iterations_per_s"], 3)
-        out["median_throughput_ratio_vs_reference"] = round(out["median_node_iterations_per_s"]
-                                                            / out["reference"]["median_node_iterations_per_s"], 3)
+    _rate_vs_reference(out, n, segs, per, bool(ref))
     out.update({"rss_mb_base": round(rss0, 1), "rss_mb_after": round(rss1, 1), "rss_mb_peak": round(peak, 1),
                 "peak_includes_reference_mb": round(ref_mb, 1),
                 "rss_mb_per_node": round((rss1 - rss0) / n, 3),
@@ -519,12 +524,7 @@ def _mlp_ray_point(n: int, J: int, batch: int, iters: int, per: int, ref: int | 
         be.shutdown()
         if ref_be is not None:
             ref_be.shutdown()
-    out.update(_rate(n, segs, per))
-    if ref:
-        out["throughput_ratio_vs_reference"] = round(out["node_iterations_per_s"]
-                                                     / out["reference"]["node_iterations_per_s"], 3)
-        out["median_throughput_ratio_vs_reference"] = round(out["median_node_iterations_per_s"]
-                                                            / out["reference"]["median_node_iterations_per_s"], 3)
+    _rate_vs_reference(out, n, segs, per, bool(ref))
     out.update({"memory_empty_hosts": empty, "memory_after": after, "hosts_rss_mb_peak": round(peak, 1),
                 "hosts_rss_mb": after["hosts_rss_mb"], "hosts_rss_mb_per_node": round(after["hosts_rss_mb"] / n, 3),
                 "hosts_rss_mb_per_node_delta": round((after["hosts_rss_mb"] - empty["hosts_rss_mb"]) / n, 3),
