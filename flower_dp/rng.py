@@ -105,10 +105,14 @@ def node_secret(reproducible: bool, seed: int) -> NodeKey:
 
 
 def noise_record(reproducible: bool, note: str | None = None) -> dict[str, str]:
-    """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...}``
-    (``note`` replaces the default note of the mode)."""
+    """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...,
+    "gaussian_sampler": ...}`` (``note`` replaces the default note of the mode; the sampler is
+    :data:`flower_dp.mechanisms.noise.GAUSSIAN_SAMPLER`)."""
+    from flower_dp.mechanisms.noise import GAUSSIAN_SAMPLER
+
     mode = "reproducible" if reproducible else "secret"
-    return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE)}
+    return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE),
+            "gaussian_sampler": GAUSSIAN_SAMPLER}
 
 
 def _seed_int(key: int | NodeKey) -> int:

@@ -13,12 +13,15 @@ import torch
 
 from flower_dp._checks import check_int, check_nonnegative
 
-__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD"]
+__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD", "GAUSSIAN_SAMPLER"]
 
 #: The largest |draw| / std :func:`gaussian_noise` can produce: Box-Muller over 53-bit uniforms, sqrt(2 ln 2^53).
 #: The Gaussian accountants assume an untruncated tail; the mass they miss per release is at most
 #: ``q * P(Z > TAIL_CUT_STD - sensitivity / std)`` (about 1e-14 at noise multiplier 1), far below any delta used here.
 TAIL_CUT_STD = 8.57
+#: What results files record as the push-sum nodes' Gaussian sampler (``noise.gaussian_sampler``); results without it
+#: were drawn with torch's float32 sampler, cut at 5.77 std (before commit 4575d7e).
+GAUSSIAN_SAMPLER = "torch-float64"
 
 
 def _check_gen(generator, device) -> None:

@@ -179,6 +179,25 @@ def noise_label(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             "secret noise are labelled seeded).")
 
 
+def sampler_label(records: list[dict[str, Any]]) -> str | None:
+    """The report's warning for push-sum runs whose Gaussian noise came from torch's float32 sampler (cut at 5.77
+    std: their eps_rigorous is an ideal Gaussian's, not proven for the noise drawn), or None."""
+    def private(r: dict[str, Any]) -> bool:
+        try:
+            return math.isfinite(float(r.get("eps_rigorous")))
+        except (TypeError, ValueError):
+            return False
+
+    cut = [r for r in records if r.get("gaussian_sampler") == "torch-float32" and private(r)]
+    if not cut:
+        return None
+    return (f"**Privacy caveat: {len(cut)} of the {sum(map(private, records))} private runs drew their Gaussian noise with torch's float32 "
+            "sampler** (before commit 4575d7e), whose draws stop at 5.77 std and whose tail is coarse beyond ~4.4 "
+            "std: their `eps rigorous` is the eps of an ideal Gaussian at the run's noise levels, not a proven bound "
+            "for the noise drawn (an uncharged delta; README, \"Privacy accounting\"). Re-running them with the "
+            "float64 sampler makes it proven; the accuracies do not depend on it.")
+
+
 def rerender(
     out: str | Path,
     *,
@@ -217,11 +236,15 @@ def rerender(
         raise ConfigError(f"{str(out_path)!r} holds a {meta['paper']!r} reproduction, not {paper!r}")
     p = get_paper(meta["paper"])
     try:  # the configs the runs were made from (records do not store them): the paper's specs, rebuilt
-        configs = {sp.run_id: sp.config for sp in build_specs(p, meta["scale"], meta["table"],
-                                                               int(meta.get("seeds", 1)))}
+        specs = build_specs(p, meta["scale"], meta["table"], int(meta.get("seeds", 1)))
+        configs = {sp.run_id: sp.config for sp in specs}
+        kinds = {sp.run_id: sp.kind for sp in specs}
     except (ValueError, ConfigError):
-        configs = {}
+        configs, kinds = {}, {}
     records = [migrate_record(_revive(r), configs.get(r.get("run_id"))) for r in doc["records"]]
+    for r in records:  # recorded before results named their sampler: push-sum noise was torch's float32 then
+        if "gaussian_sampler" not in r and kinds.get(r.get("run_id")) == "pushsum":
+            r["gaussian_sampler"] = "torch-float32"
     from ..releases import public_history_row
 
     for r in records:  # as record_from_doc does: uncharged statistics stay out of a record that did not opt in
@@ -309,6 +332,7 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "",
         noise_label(meta, records),
         "",
+        *([sampler_label(records), ""] if sampler_label(records) else []),
     ]
     notes = sorted({str(r["privacy_note"]) for r in records if r.get("eps_heuristic") is not None and r.get("privacy_note")})
     if any(r.get("eps_heuristic") is not None for r in records):

@@ -323,6 +323,9 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "uncharged_statistics_released": bool(doc.get("uncharged_statistics_released", False)),
         # where the privacy noise came from (flower_dp.rng.noise_record); a run from before secret noise was seeded
         "noise_mode": (doc.get("noise") or {}).get("mode", "reproducible"),
+        # push-sum noise drawn before the float64 sampler (commit 4575d7e) was torch's float32, cut at 5.77 std
+        "gaussian_sampler": (doc.get("noise") or {}).get("gaussian_sampler",
+                                                         "torch-float32" if spec.kind == "pushsum" else None),
     }
     rec.update(doc.get("extra_record", {}))
     rec["config_sha"] = config_sha(spec.config)
