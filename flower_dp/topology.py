@@ -16,9 +16,10 @@ Example (``exp_one_peer(4)``, k = 0: every node sends half to the next node)::
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import math
-import pickle
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -183,21 +184,47 @@ class Topology:
         return check_int("node id", i, minimum=0, maximum=self.n - 1)
 
 
-#: Topologies unpickled in this process, by the digest of their pickled content (:meth:`Topology.__reduce__`).
+#: Topologies unpickled in this process, by the digest of their content (_content_key) (:meth:`Topology.__reduce__`).
 _SHARED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def _content_key(fields_: tuple) -> bytes | None:
-    """SHA-256 of the plain pickle of a topology's fields: equal digests, equal topologies.
-
-    None (no sharing) when the fields do not pickle with :mod:`pickle` (a lambda, sent by cloudpickle) or
-    name anything in ``__main__`` (pickled by reference: two senders' ``__main__`` may differ).
-    """
-    try:
-        blob = pickle.dumps(fields_, protocol=4)
-    except Exception:  # noqa: BLE001 - not shareable, still picklable by the caller's pickler
+    """SHA-256 of a topology's fields (n, name, matrix_fn, period, doubly_stochastic): equal digests, equal
+    topologies.  No pickle: the matrix function is described by :func:`_fn_key`; None (no sharing) when it
+    cannot be (a lambda, a closure, a bound method, anything in ``__main__``)."""
+    n, name, fn, period, doubly = fields_
+    fkey = _fn_key(fn)
+    if fkey is None:
         return None
-    return None if b"__main__" in blob else hashlib.sha256(blob).digest()
+    return hashlib.sha256(repr((int(n), str(name), fkey, int(period), bool(doubly))).encode()).digest()
+
+
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _plain(v) -> bool:
+    if isinstance(v, _PLAIN):
+        return True
+    if isinstance(v, (tuple, list)):
+        return all(_plain(x) for x in v)
+    return isinstance(v, dict) and all(isinstance(k, str) and _plain(x) for k, x in v.items())
+
+
+def _fn_key(fn) -> object | None:
+    """A value whose repr identifies what ``fn`` computes: the matrix classes' ``content_key()``, a module-level
+    function's qualified name, a partial of one with plain arguments; else None."""
+    if hasattr(fn, "content_key") and not inspect.isclass(fn):
+        return fn.content_key()
+    if isinstance(fn, functools.partial):
+        inner = _fn_key(fn.func)
+        kw = fn.keywords or {}
+        if inner is None or not _plain(fn.args) or not _plain(kw):
+            return None
+        return (inner, tuple(fn.args), tuple(sorted(kw.items())))
+    if not inspect.isfunction(fn):
+        return None
+    mod, qual = fn.__module__, fn.__qualname__
+    return None if mod == "__main__" or "<" in qual else f"{mod}.{qual}"
 
 
 def _shared_topology(key: bytes | None, n: int, name: str, matrix_fn: Callable[[int], np.ndarray], period: int,
@@ -226,6 +253,10 @@ class _Fixed:
     def __call__(self, k: int) -> np.ndarray:
         return self.P
 
+    def content_key(self) -> tuple:
+        P = np.ascontiguousarray(self.P)
+        return ("fixed", P.shape, str(P.dtype), hashlib.sha256(P.tobytes()).hexdigest())
+
 
 class _OnePeer:
     """``k -> (I + shift by 2^(k mod m)) / 2``: node i sends half to ``(i + 2^(k mod m)) mod n``."""
@@ -237,6 +268,9 @@ class _OnePeer:
         hop = 1 << (k % self.m)
         return _uniform_from_out(self.n, [[i + hop] for i in range(self.n)])
 
+    def content_key(self) -> tuple:
+        return ("one_peer", int(self.n), int(self.m))
+
 
 class _Sync:
     """``base`` except the complete graph (1/n) when ``(k + 1) % sync_period == 0``."""
@@ -247,6 +281,11 @@ class _Sync:
 
     def __call__(self, k: int) -> np.ndarray:
         return self.full if (k + 1) % self.sync_period == 0 else self.base.matrix(k)
+
+    def content_key(self) -> tuple | None:
+        b = self.base
+        base = _content_key((b.n, b.name, b.matrix_fn, b.period, b.doubly_stochastic))
+        return None if base is None else ("sync", base.hex(), int(self.sync_period))
 
 
 def _check_n(n: int, minimum: int = 1) -> int:
