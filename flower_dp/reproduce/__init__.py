@@ -332,7 +332,7 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "",
         noise_label(meta, records),
         "",
-        *([sampler_label(records), ""] if sampler_label(records) else []),
+        *([caveat, ""] if (caveat := sampler_label(records)) else []),
     ]
     notes = sorted({str(r["privacy_note"]) for r in records if r.get("eps_heuristic") is not None and r.get("privacy_note")})
     if any(r.get("eps_heuristic") is not None for r in records):
