@@ -49,6 +49,25 @@ def _different_run(where: str, got: Any, want: Any) -> str:
             "settings or use a new out_dir")
 
 
+def sampler_identity() -> dict[str, str]:
+    """The identity field naming the Gaussian sampler the run's noise comes from: a checkpoint written with another
+    (or before the field: torch's float32 sampler, cut at 5.77 std) cannot be resumed, since the noise it already
+    drew would make the run's eps unproven."""
+    from .mechanisms.noise import GAUSSIAN_SAMPLER
+
+    return {"gaussian_sampler": GAUSSIAN_SAMPLER}
+
+
+def _other_sampler(where: str, got: Any, want: Any) -> str:
+    return (f"the checkpoint in {where} holds noise drawn with the Gaussian sampler "
+            f"{got or 'torch-float32 (before the field existed)'}, this run draws with {want}: resuming it would leave "
+            "the noise drawn so far unproven; start the run again (delete the checkpoint or use a new out_dir)")
+
+
+#: The refusal of a checkpoint whose noise came from another sampler (with :func:`sampler_identity`).
+SAMPLER_REFUSAL: dict[str, Refusal] = {"gaussian_sampler": _other_sampler}
+
+
 class RunRecorder:
     """Writes one run's results and checkpoints into ``out_dir`` and checks a checkpoint before a resume.
 

@@ -67,7 +67,7 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.recorder import FAILED, RUNNING, RunRecorder, completed_status
+from flower_dp.recorder import FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, sampler_identity
 from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
@@ -128,7 +128,8 @@ class PushSumStrategy(Strategy):
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
         self.checkpoint, self.run_name = bool(checkpoint), run_name
         # results.json, history.csv and checkpoint.pt (stamped with _meta: a resume of other settings is refused)
-        self.recorder = RunRecorder(out_dir, identity={"meta": self._meta()}, checkpoint=self.checkpoint)
+        self.recorder = RunRecorder(out_dir, identity={"meta": self._meta(), **sampler_identity()},
+                                    checkpoint=self.checkpoint, refusals=SAMPLER_REFUSAL)
         self.out_path = self.recorder.out_dir
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
         self.resume = bool(resume)

@@ -33,6 +33,7 @@ from ..models import cross_entropy_loss, resolve_device
 from ..recorder import FAILED, RUNNING, RunRecorder, completed_status
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
+from ..recorder import SAMPLER_REFUSAL, sampler_identity
 from .config import ExperimentConfig
 
 __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params"]
@@ -167,8 +168,9 @@ def run_experiment(
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
     t0 = time.perf_counter()
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
-    recorder = RunRecorder(out, identity={"config": cfg.to_dict()}, checkpoint=cfg.run.get("checkpoint", True),
-                           refusals={"config": _different_config})
+    recorder = RunRecorder(out, identity={"config": cfg.to_dict(), **sampler_identity()},
+                           checkpoint=cfg.run.get("checkpoint", True),
+                           refusals={"config": _different_config, **SAMPLER_REFUSAL})
     out_path = recorder.out_dir
     nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
     eval_model, x_test, y_test = _to_device(eval_model, x_test, y_test, info["device"])

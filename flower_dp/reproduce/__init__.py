@@ -182,20 +182,25 @@ def noise_label(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
 def sampler_label(records: list[dict[str, Any]]) -> str | None:
     """The report's warning for push-sum runs whose Gaussian noise came from torch's float32 sampler (cut at 5.77
     std: their eps_rigorous is an ideal Gaussian's, not proven for the noise drawn), or None."""
+    from .core import drew_float32_noise
+
     def private(r: dict[str, Any]) -> bool:
+        if drew_float32_noise(r):
+            return True
         try:
             return math.isfinite(float(r.get("eps_rigorous")))
         except (TypeError, ValueError):
             return False
 
-    cut = [r for r in records if r.get("gaussian_sampler") == "torch-float32" and private(r)]
+    cut = [r for r in records if drew_float32_noise(r)]
     if not cut:
         return None
     return (f"**Privacy caveat: {len(cut)} of the {sum(map(private, records))} private runs drew their Gaussian noise with torch's float32 "
             "sampler** (before commit 4575d7e), whose draws stop at 5.77 std and whose tail is coarse beyond ~4.4 "
-            "std: their `eps rigorous` is the eps of an ideal Gaussian at the run's noise levels, not a proven bound "
-            "for the noise drawn (an uncharged delta; README, \"Privacy accounting\"). Re-running them with the "
-            "float64 sampler makes it proven; the accuracies do not depend on it.")
+            "std: their eps is the eps of an ideal Gaussian at the run's noise levels, not a proven bound for the "
+            "noise drawn (an uncharged delta; README, \"Privacy accounting\"), so it is reported as `eps_heuristic`, "
+            "not `eps_rigorous`. Re-running them with the float64 sampler (the same command: a sweep does not reuse "
+            "such a record) makes it proven; the accuracies do not depend on it.")
 
 
 def rerender(
@@ -221,7 +226,7 @@ def rerender(
 
     >>> rerender("docs/results/partpsp")  # doctest: +SKIP
     """
-    from .core import _write_records, migrate_record
+    from .core import _write_records, migrate_record, unproven_sampler
 
     out_path = Path(out)
     doc = rio.read_json(out_path / "records.json")
@@ -245,6 +250,7 @@ def rerender(
     for r in records:  # recorded before results named their sampler: push-sum noise was torch's float32 then
         if "gaussian_sampler" not in r and kinds.get(r.get("run_id")) == "pushsum":
             r["gaussian_sampler"] = "torch-float32"
+    records = [unproven_sampler(r) for r in records]  # ... so its eps is heuristic, not rigorous
     from ..releases import public_history_row
 
     for r in records:  # as record_from_doc does: uncharged statistics stay out of a record that did not opt in

@@ -184,6 +184,10 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
         doc["config"].setdefault("run", {}).setdefault("debug_metrics", False)
         doc["config"]["run"].setdefault("reproducible", True)  # before secret noise every run was seeded
     same = bool(doc) and _same_config(doc.get("config"), cfg)
+    if same and doc.get("status") in _DONE and drew_float32_noise(record_from_doc(spec, doc)):
+        print(f"flower-dp: {spec.run_id}: its private noise came from torch's float32 sampler (eps not proven); "
+              "running it again", file=sys.stderr)
+        same = False
     if same and doc.get("status") in _DONE:
         doc["_reused"] = True
         return doc
@@ -245,6 +249,39 @@ def _heuristic_note(config: dict[str, Any] | None) -> str | None:
     cfg = config or {}
     name = (cfg.get("algorithm") or {}).get("name") if isinstance(cfg.get("algorithm"), dict) else None
     return HEURISTIC_MECHANISMS.get(name or cfg.get("method") or "")
+
+
+#: The privacy note of a push-sum run whose Gaussian noise came from torch's float32 sampler (before commit 4575d7e):
+#: its eps is an ideal Gaussian's at the run's noise levels, so it is kept as ``eps_heuristic``, never ``eps_rigorous``.
+FLOAT32_SAMPLER_NOTE = (
+    "heuristic, not proven for the noise drawn: an ideal Gaussian's eps at this run's noise levels, but the noise came "
+    "from torch's float32 sampler (24-bit uniforms, no draw beyond 5.77 std, coarse tail beyond ~4.4 std), which "
+    "leaves an uncharged delta; re-run it (the float64 sampler, noise.gaussian_sampler = torch-float64) for a proven eps"
+)
+
+
+def unproven_sampler(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record whose Gaussian noise was drawn by torch's float32 sampler, with its eps demoted to ``eps_heuristic``
+    (:data:`FLOAT32_SAMPLER_NOTE`; history rows too).  Other records, and ones already demoted, come back unchanged
+    (a new dict; idempotent).  Only a finite ``eps_rigorous`` is demoted: a non-private run drew no noise."""
+    try:
+        private = math.isfinite(float(rec.get("eps_rigorous")))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        private = False
+    if rec.get("gaussian_sampler") != "torch-float32" or not private:
+        return dict(rec)
+    out = {k: v for k, v in rec.items() if k != "eps_rigorous"}
+    out.update(eps_rigorous=None, eps_heuristic=rec["eps_rigorous"], privacy_note=FLOAT32_SAMPLER_NOTE)
+    if isinstance(rec.get("history"), list):
+        out["history"] = [{("eps_heuristic" if hk == "eps_rigorous" else hk): hv for hk, hv in h.items()}
+                          for h in rec["history"]]
+    return out
+
+
+def drew_float32_noise(rec: dict[str, Any]) -> bool:
+    """Whether a record is a private run whose noise came from torch's float32 sampler (demoted or not yet)."""
+    return rec.get("privacy_note") == FLOAT32_SAMPLER_NOTE or unproven_sampler(rec).get("privacy_note") == \
+        FLOAT32_SAMPLER_NOTE
 
 
 def _privacy_fields(doc: dict[str, Any], config: dict[str, Any] | None) -> dict[str, Any]:
@@ -335,7 +372,7 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
 
         hist = [public_history_row(h) for h in hist]  # a reused run from before the releases were filtered
     rec["history"] = hist
-    return rec
+    return unproven_sampler(rec)
 
 
 def config_sha(config: dict[str, Any]) -> str:
@@ -361,6 +398,9 @@ def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[st
     rec = committed.get(spec.run_id)
     if rec is None or rec.get("config_sha") != config_sha(spec.config):
         return None
+    if spec.kind == "pushsum" and (drew_float32_noise(rec) or (rec.get("gaussian_sampler") is None and
+                                                             drew_float32_noise({**rec, "gaussian_sampler": "torch-float32"}))):
+        return None  # private noise from torch's float32 sampler: its eps is not proven, so the run is made again
     if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
         return None
     return rec
@@ -623,6 +663,10 @@ def group_records(records: list[dict[str, Any]], keys: list[str] | None = None) 
         if heuristic:  # no implemented proof: no rigorous eps, not even a nan standing in for one
             row["eps_rigorous"] = row["eps_rigorous_std"] = None
             row["privacy_note"] = next((r["privacy_note"] for r in rs if r.get("privacy_note")), "heuristic, no DP proof")
+            if all(r.get("privacy_note") == FLOAT32_SAMPLER_NOTE for r in rs if "eps_heuristic" in r):
+                # a proven mechanism whose noise was drawn by the float32 sampler: its rigorous eps is missing (nan,
+                # so the paper's claims on it fail rather than hold), not undefined as a heuristic mechanism's is
+                row["eps_rigorous"] = row["eps_rigorous_std"] = float("nan")
         row["records"] = rs
         out.append(row)
     return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
 from ..core import RunSpec, acc_pm, fmt, group_records
 
 __all__ = ["full_scale_only", "pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style", "logx"]
@@ -138,5 +140,10 @@ def logx(ax) -> None:
     """Log-scaled x axis without the crowded minor tick labels."""
     from matplotlib.ticker import NullFormatter
 
+    xs = np.concatenate([np.asarray(line.get_xdata(), dtype=float).ravel() for line in ax.lines
+                         if line.get_transform() == ax.transData] or [np.zeros(0)])
+    if not np.any(np.isfinite(xs) & (xs > 0)):  # nothing to place (e.g. no proven eps): say so, keep the axis linear
+        ax.text(0.5, 0.5, "no positive finite x to plot", transform=ax.transAxes, ha="center", fontsize=8, color="gray")
+        return
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
