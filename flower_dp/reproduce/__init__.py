@@ -340,8 +340,11 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "",
         *([caveat, ""] if (caveat := sampler_label(records)) else []),
     ]
-    notes = sorted({str(r["privacy_note"]) for r in records if r.get("eps_heuristic") is not None and r.get("privacy_note")})
-    if any(r.get("eps_heuristic") is not None for r in records):
+    from .core import drew_float32_noise
+
+    unproven = [r for r in records if r.get("eps_heuristic") is not None and not drew_float32_noise(r)]  # the caveat has those
+    notes = sorted({str(r["privacy_note"]) for r in unproven if r.get("privacy_note")})
+    if unproven:
         lines += ["**No rigorous eps for the mechanisms without a DP proof** (DPPS family, BQ-SGD): their records carry "
                   "`eps_rigorous` = null and `eps_heuristic`, what the accountant computes for noise whose calibration "
                   "has no proof (" + "; ".join(notes or ["heuristic, no DP proof"]) + "). It is not a privacy guarantee.",
