@@ -716,6 +716,7 @@ def new_axes(ncols: int = 1, *, width: float = 5.0, height: float = 3.6):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    ncols = max(1, int(ncols))  # a partial sweep may have nothing yet for a panel: one empty axes, not an error
     fig, axes = plt.subplots(1, ncols, figsize=(width * ncols, height), squeeze=False)
     return fig, list(axes[0])
 

@@ -42,13 +42,15 @@ def _claims_tables(records, table: str, scale: str) -> list[Claim]:
             ok, detail = ordering_claim_detail("Dyn-D2P", pick(groups, algorithm="Dyn-D2P", eps=eps, calibration=cal),
                                                "Const-D2P", pick(groups, algorithm="Const-D2P", eps=eps, calibration=cal))
             claims.append(Claim(f"Dyn-D2P > Const-D2P at eps = {eps:g} ({cal} calibration)", ok, detail))
-        for a in algs:
+        for a in algs if eps_grid else ():  # a partial sweep may hold only the non-private twin so far
             lo = pick(groups, algorithm=a, eps=eps_grid[0], calibration=cal)
             hi = pick(groups, algorithm=a, eps=eps_grid[-1], calibration=cal)
             ok, detail = ordering_claim_detail(f"eps {eps_grid[-1]:g}", hi, f"eps {eps_grid[0]:g}", lo)
             claims.append(Claim(f"{a} accuracy rises with eps ({cal} calibration)", ok, detail))
-    lo_gap = [pick(groups, algorithm=a, eps=eps_grid[0], calibration="rigorous") for a in ("Dyn-D2P", "Const-D2P")]
-    hi_gap = [pick(groups, algorithm=a, eps=eps_grid[-1], calibration="rigorous") for a in ("Dyn-D2P", "Const-D2P")]
+    lo_gap = [pick(groups, algorithm=a, eps=eps_grid[0], calibration="rigorous") for a in ("Dyn-D2P", "Const-D2P")
+              ] if eps_grid else [None]
+    hi_gap = [pick(groups, algorithm=a, eps=eps_grid[-1], calibration="rigorous") for a in ("Dyn-D2P", "Const-D2P")
+              ] if eps_grid else [None]
     if all(lo_gap) and all(hi_gap):
         g_lo = lo_gap[0]["final_acc"] - lo_gap[1]["final_acc"]
         g_hi = hi_gap[0]["final_acc"] - hi_gap[1]["final_acc"]
