@@ -75,6 +75,13 @@ __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "me
 BQ_PRIVACY_NOTE = ("noise matched by variance to the Gaussian; no DP proof: BQ-SGD's binomial noise has the variance "
                    "of the Gaussian the accountant charges, and eps_heuristic is that Gaussian's eps")
 HEURISTIC_METHODS = {"bq": BQ_PRIVACY_NOTE}
+#: The note of an LRQ run with ``layer_dtype="float32"``: its layer centres and heights come from 24-bit uniforms
+#: (numpy's float32 ``random``), so the layer half-width ``sigma sqrt(-2 ln y)`` stops at 5.77 sigma and takes coarse
+#: values near there: the decoded error is not the exact Gaussian the accountant charges (as torch's float32 normal
+#: sampler, README "Privacy accounting"), so its eps is ``eps_heuristic``.
+FLOAT32_LAYER_NOTE = ("heuristic, not proven: layer_dtype='float32' draws the LRQ layers from 24-bit uniforms, so the "
+                      "decoded error is cut near 5.77 sigma and is not exactly Gaussian; use layer_dtype='float64' "
+                      "(the default) for a proven eps")
 
 #: ``results()["noise"]["note"]`` of a run keyed by a secret (the default)
 GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise are keyed by a run secret that only the "
@@ -140,6 +147,9 @@ class GauLRQ(FedAvg):
     secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
     server_lr : float, server step on the average (paper: 1).
     bq_bits : int, BQ-SGD's public bit width.
+    layer_dtype : {"float64", "float32"}, default "float64": the LRQ layers' arithmetic (both sides).  "float32"
+        draws them from 24-bit uniforms, so the decoded error is only approximately Gaussian: its eps is reported as
+        ``eps_heuristic`` (:data:`FLOAT32_LAYER_NOTE`), never ``eps_rigorous``.
     out_dir : path or None, where ``results.json`` and a checksummed ``checkpoint.pt`` (theta, per-round
         records, public stream nonce; never the secret) are written atomically after every round.
     resume : bool, continue the run checkpointed in ``out_dir`` (same config and secret; raises
@@ -186,9 +196,9 @@ class GauLRQ(FedAvg):
         self.private = method != "none"
         self.accountant = accountant
         if accountant is not None:
-            if not self.private or method in HEURISTIC_METHODS:
-                raise ValueError(f"accountant= needs a method with a DP proof ('lrq', 'gaussian', 'qg'), got "
-                                 f"method={method!r}; Flower's accountant would report a guarantee that does not "
+            if not self.private or method in HEURISTIC_METHODS or (method == "lrq" and layer_dtype == "float32"):
+                raise ValueError(f"accountant= needs a method with a DP proof ('lrq' with layer_dtype='float64', "
+                                 f"'gaussian', 'qg'), got method={method!r}, layer_dtype={layer_dtype!r}; Flower's accountant would report a guarantee that does not "
                                  "exist; drop accountant")
             cfg = accountant.config
             num_clients = cfg.population_size if num_clients is None else num_clients
@@ -322,7 +332,7 @@ class GauLRQ(FedAvg):
         if self.schedule is not None:
             log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (%s plan %.4g, paper %.4g)",
                 self.schedule.z[0], self.schedule.z[-1], self.epsilon,
-                "heuristic (no DP proof)" if self.method in HEURISTIC_METHODS else "rigorous", self.schedule.eps_rigorous,
+                "heuristic (no DP proof)" if self.heuristic_note is not None else "rigorous", self.schedule.eps_rigorous,
                 self.schedule.eps_paper)
         if self.accountant is not None:
             now = self.accountant.get_privacy_spent()
@@ -342,7 +352,7 @@ class GauLRQ(FedAvg):
         if not self.private:
             return None
         eps = self.schedule.eps_after(len(self.rounds), self.delta) if self.schedule is not None else 0.0
-        how = ("heuristic: variance-matched Gaussian, no DP proof" if self.method in HEURISTIC_METHODS else
+        how = ("heuristic: variance-matched Gaussian, no DP proof" if self.heuristic_note is not None else
                "flower-dp: min(PLD, RDP) of B-of-N sampling, replace-one client")
         return fp.spent(eps, self.delta, len(self.rounds), how)
 
@@ -378,7 +388,7 @@ class GauLRQ(FedAvg):
         if self.private and eps_after > self.epsilon * (1 + 1e-9):
             raise fp.BudgetExhausted(
                 f"round {server_round}: it would bring the client-level "
-                f"{'heuristic eps (no DP proof)' if self.method in HEURISTIC_METHODS else 'eps'} to {eps_after:.4g}, "
+                f"{'heuristic eps (no DP proof)' if self.heuristic_note is not None else 'eps'} to {eps_after:.4g}, "
                 "above the budget "
                 f"eps = {self.epsilon} at delta = {self.delta}; the run stops here with its results saved "
                 "(raise epsilon or the noise multiplier to train longer)",
@@ -507,17 +517,26 @@ class GauLRQ(FedAvg):
                "train_metrics": None if metrics is None else dict(metrics)}
         if self.private:
             log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d releases (flower-dp, %s; paper's formula %.6f)",
-                p["eps"], self.delta, p["k"] + 1, "heuristic, no DP proof" if self.method in HEURISTIC_METHODS else
+                p["eps"], self.delta, p["k"] + 1, "heuristic, no DP proof" if self.heuristic_note is not None else
                 "rigorous", rec["eps_paper"])
         if p["event"] is not None:  # the release happened: compose it into Flower's accountant (as its DP wrappers)
             rec["eps_flower"] = float(fp.compose(self.accountant, p["event"]).epsilon)
         self.rounds.append(rec)
         return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
 
+    @property
+    def heuristic_note(self) -> str | None:
+        """Why this run's eps has no DP proof (it is then ``eps_heuristic``), or None for a proven mechanism."""
+        if self.method in HEURISTIC_METHODS:
+            return HEURISTIC_METHODS[self.method]
+        if self.method == "lrq" and self.layer_dtype == "float32":
+            return FLOAT32_LAYER_NOTE
+        return None
+
     def _eps_fields(self, eps: float) -> dict:
         """``{"eps_rigorous": eps}``, or for a method without a DP proof (BQ-SGD) ``eps_rigorous: None`` and
         ``eps_heuristic: eps`` (the variance-matched Gaussian's eps)."""
-        if self.method in HEURISTIC_METHODS:
+        if self.heuristic_note is not None:
             return {"eps_rigorous": None, "eps_heuristic": eps}
         return {"eps_rigorous": eps}
 
@@ -719,7 +738,7 @@ class GauLRQ(FedAvg):
                            "hold disjoint data",
                    "z": sch.z.tolist(), **{f"{k}_plan": v for k, v in self._eps_fields(sch.eps_rigorous).items()},
                    "eps_paper_plan": sch.eps_paper, "warnings": list(sch.warnings),
-                   **({"privacy_note": HEURISTIC_METHODS[self.method]} if self.method in HEURISTIC_METHODS else {})},
+                   **({"privacy_note": self.heuristic_note} if self.heuristic_note is not None else {})},
                "rounds": self.rounds, "stop_reason": self.stop_reason}
         published = self.publish_train_metrics or self.publish_evaluate_metrics
         out["uncharged_statistics_released"] = bool(published or not self.private)
@@ -730,8 +749,8 @@ class GauLRQ(FedAvg):
         out["rounds_completed"] = done
         out.update(self._eps_fields(self.rounds[-1].get("eps_heuristic", self.rounds[-1]["eps_rigorous"]) if done
                                     else 0.0))
-        if self.method in HEURISTIC_METHODS:
-            out["privacy_note"] = HEURISTIC_METHODS[self.method]
+        if self.heuristic_note is not None:
+            out["privacy_note"] = self.heuristic_note
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
         acc0 = (self.initial_evaluate or {}).get("accuracy")
         out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]
@@ -739,7 +758,7 @@ class GauLRQ(FedAvg):
         out["bits_per_round"] = [r["bits_algorithmic"] for r in self.rounds]
         out["bytes_per_round"] = [r["bytes_carried"] for r in self.rounds]
         out["eps_rigorous_per_round"] = [r["eps_rigorous"] for r in self.rounds]
-        if self.method in HEURISTIC_METHODS:
+        if self.heuristic_note is not None:
             out["eps_heuristic_per_round"] = [r.get("eps_heuristic") for r in self.rounds]
         out["total_bits_algorithmic"] = float(sum(r["bits_algorithmic"] for r in self.rounds))
         out["total_bytes_carried"] = int(sum(r["bytes_carried"] for r in self.rounds))

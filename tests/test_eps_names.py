@@ -187,3 +187,23 @@ def test_runner_results_and_record_of_a_dpps_run(tmp_path):
     assert rec["eps_rigorous"] is None and rec["eps_heuristic"] == pytest.approx(res.eps_heuristic_max)
     assert "no DP proof" in rec["privacy_note"]
     assert np.isfinite(rec["eps_heuristic"])
+
+
+def test_gau_lrq_float32_layers_have_no_rigorous_eps():
+    """layer_dtype='float32' draws the LRQ layers from 24-bit uniforms (half-width cut near 5.77 sigma): the decoded
+    error is not the exact Gaussian the accountant charges, so its eps is eps_heuristic, and Flower's accountant (which
+    would call it a guarantee) is refused; the float64 default stays rigorous."""
+    from flower_dp.strategies.gau_lrq import FLOAT32_LAYER_NOTE, GauLRQ
+
+    kw = dict(num_clients=6, clients_per_round=2, num_rounds=2, clip=1.0, epsilon=3.0, delta=1e-5, secret=bytes(32))
+    f32 = GauLRQ(layer_dtype="float32", **kw)
+    assert f32.heuristic_note == FLOAT32_LAYER_NOTE and "5.77" in FLOAT32_LAYER_NOTE
+    assert f32._eps_fields(1.5) == {"eps_rigorous": None, "eps_heuristic": 1.5}
+    assert GauLRQ(**kw).heuristic_note is None and GauLRQ(**kw)._eps_fields(1.5) == {"eps_rigorous": 1.5}
+    assert GauLRQ(layer_dtype="float32", method="gaussian", **kw).heuristic_note is None  # numpy float64 noise
+
+    class _Acc:  # only .config is read before the refusal
+        config = None
+
+    with pytest.raises(ValueError, match="layer_dtype='float32'"):
+        GauLRQ(layer_dtype="float32", accountant=_Acc(), **kw)
