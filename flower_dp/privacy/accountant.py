@@ -63,9 +63,6 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import dp_accounting as dpa
-from dp_accounting import pld, rdp
-
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from ..errors import UnsupportedEventError
 from . import fast_compose
@@ -105,7 +102,14 @@ DEFAULT_BUCKET_REL = "auto"
 #: Laplace steps with a per-release eps 1/nu above this are composed by basic (pure-DP) composition:
 #: their PLD is numerically degenerate and the advanced bounds cannot beat the sum there.
 LAPLACE_BASIC_ABOVE = 20.0
-_R = dpa.NeighboringRelation
+
+
+def _dpa():
+    """dp-accounting, imported on first use: it pulls in scipy.stats / scipy.signal (~2 s of a cold start), and a
+    Flower ClientApp process that only trains never accounts (its node reports eps at flush)."""
+    import dp_accounting
+
+    return dp_accounting
 
 
 class _QuietFractionalOrders(logging.Filter):
@@ -266,6 +270,8 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, nati
     ``native_swor``: the RDP alternative for fixed-size histories, dp-accounting's
     SampledWithoutReplacement under REPLACE_ONE (valid only without Poisson-subsampled steps).
     """
+    dpa = _dpa()
+    _R = dpa.NeighboringRelation
     fixed = any(isinstance(s, GaussianStep) and s.sampling == "fixed_size" for s in merged)
     has_laplace = any(isinstance(s, LaplaceStep) for s in merged)
     if fixed and adjacency != "replace_one":
@@ -307,7 +313,8 @@ def _native_swor_applies(merged: tuple[Step, ...]) -> bool:
 def _fast_levels(relation, events) -> tuple[list[float], list[float], list[int]] | None:
     """(q, nu, count) per level when :mod:`.fast_compose` computes this history: more than ``FINE_LEVELS``
     levels, every one a PoissonSampled(0 < q < 1, Gaussian(nu > 0)) event under add/remove; else None."""
-    if relation != _R.ADD_OR_REMOVE_ONE or len(events) <= FINE_LEVELS:
+    dpa = _dpa()
+    if relation != dpa.NeighboringRelation.ADD_OR_REMOVE_ONE or len(events) <= FINE_LEVELS:
         return None
     qs, nus, counts = [], [], []
     for ev, count in events:
@@ -329,10 +336,11 @@ def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discreti
         if accountant == "pld":
             return fast_compose.compose_pld(*fast, discretization), True
         return fast_compose.FastRDP(*fast), True
+    dpa = _dpa()
     if accountant == "pld":
-        acc = pld.PLDAccountant(relation, value_discretization_interval=discretization)
+        acc = dpa.pld.PLDAccountant(relation, value_discretization_interval=discretization)
     else:
-        acc = rdp.RdpAccountant(neighboring_relation=relation)
+        acc = dpa.rdp.RdpAccountant(neighboring_relation=relation)
     for ev, count in events:
         composed = dpa.SelfComposedDpEvent(ev, count)
         if not acc.supports(composed):  # dry run before any state changes (dp_accounting's _maybe_compose)

@@ -30,15 +30,16 @@ level-by-level composition, tested).  The result objects answer ``get_epsilon(de
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from dp_accounting.pld import pld_pmf
-from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
-from dp_accounting.rdp import rdp_privacy_accountant as _rdp
-from scipy import fft as _fft
-from scipy import special
+
+if TYPE_CHECKING:  # imported where used: dp-accounting and scipy cost seconds at a ClientApp's cold start
+    from dp_accounting.pld import pld_pmf
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
 __all__ = ["subsampled_gaussian_pmf", "compose_pld", "rdp_subsampled_gaussian", "FastPLD", "FastRDP",
            "LOG_MASS_TRUNCATION", "TAIL_MASS"]
@@ -49,8 +50,14 @@ LOG_MASS_TRUNCATION = -50.0
 TAIL_MASS = 1e-15
 #: Chernoff orders tried for the window, as multiples of t* = sqrt(2 ln(2/tail)) / sd (both signs)
 _ORDER_FACTORS = 2.0 ** np.arange(-4.0, 4.5, 0.5)
-#: the standard normal quantile of dp-accounting's truncation: norm.ppf(0.5 exp(-50))
-_Z_TRUNC = float(special.ndtri(0.5 * math.exp(LOG_MASS_TRUNCATION)))
+
+
+@functools.cache
+def _z_trunc() -> float:
+    """The standard normal quantile of dp-accounting's truncation: norm.ppf(0.5 exp(-50))."""
+    from scipy import special
+
+    return float(special.ndtri(0.5 * math.exp(LOG_MASS_TRUNCATION)))
 
 
 def _log_a_exp_b_plus_c(a: float, b: np.ndarray, c: float) -> np.ndarray:
@@ -86,7 +93,9 @@ def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tupl
     (lower, probs, infinity_mass)
         ``probs`` : ndarray, shape (n,), float64 -- the mass on losses ``(lower + i) h``, i = 0..n-1.
     """
-    lx = sigma * _Z_TRUNC                       # lower truncation of the noise (dp: norm(scale).ppf)
+    from scipy import special
+
+    lx = sigma * _z_trunc()                      # lower truncation of the noise (dp: norm(scale).ppf)
     ux = -lx
     if add:
         ux += 1.0
@@ -129,6 +138,9 @@ def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tupl
 def _compose_pmfs(pmfs: Sequence[tuple[int, np.ndarray, float]], counts: np.ndarray, h: float,
                   tail: float) -> pld_pmf.DensePLDPmf:
     """The composition of ``counts[b]`` copies of each PMF: one FFT product on a Chernoff window."""
+    from dp_accounting.pld import pld_pmf
+    from scipy import fft as _fft
+
     if any(not np.any(p > 0) for _, p, _ in pmfs):  # a level with no finite mass: all of it is at infinity
         return pld_pmf.DensePLDPmf(h, 0, np.zeros(1), 1.0, True)
     # Chernoff orders around t* = sqrt(2 ln(2/tail)) / sd(S) (index units); any order gives a valid bound
@@ -200,6 +212,8 @@ def compose_pld(qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[i
     h : float  loss discretization interval (dp-accounting's ``value_discretization_interval``)
     tail : float  mass the composition window may leave out (added to the infinity mass)
     """
+    from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
+
     counts = np.asarray(counts, dtype=np.int64)
     pmfs = {add: [subsampled_gaussian_pmf(float(q), float(s), h, add) for q, s in zip(qs, sigmas)]
             for add in (False, True)}
@@ -210,6 +224,8 @@ def compose_pld(qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[i
 
 # ------------------------------------------------------------------------------------------------ RDP
 def _log_comb(n, k):
+    from scipy import special
+
     return special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
 
 
@@ -226,6 +242,9 @@ def _log_a_frac(q: float, sigma: np.ndarray, alphas: np.ndarray) -> np.ndarray:
     """log A_alpha for fractional alpha, shape (m, len(alphas)): dp-accounting's ``_compute_log_a_frac``
     (the two series of |terms|, stopped at the first term that is decreasing in both and 30 nats below the
     running total; ``inf`` -- the order is excluded -- if that does not happen within its 1000 terms)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+    from scipy import special
+
     s = np.repeat(sigma, alphas.size)
     al = np.tile(alphas, sigma.size)
     z0 = s**2 * math.log(1 / q - 1) + 0.5
@@ -267,6 +286,8 @@ def rdp_subsampled_gaussian(q: float, sigmas, orders=None) -> np.ndarray:
 
     ``orders`` default: dp-accounting's ``DEFAULT_RDP_ORDERS``.  Equal to dp-accounting's
     ``_compute_rdp_poisson_subsampled_gaussian(q, sigma, orders)`` up to round-off (tested)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
     orders = np.asarray(_rdp.DEFAULT_RDP_ORDERS if orders is None else orders, dtype=np.float64)
     sigmas = np.atleast_1d(np.asarray(sigmas, dtype=np.float64))
     out = np.empty((sigmas.size, orders.size))
@@ -283,6 +304,8 @@ class FastRDP:
     """Summed RDP of a history at dp-accounting's default orders; ``get_epsilon(delta)``, ``get_delta(epsilon)``."""
 
     def __init__(self, qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[int]) -> None:
+        from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
         self.orders = np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=np.float64)
         self.rdp = np.zeros(self.orders.size)
         qs, sigmas, counts = np.asarray(qs, float), np.asarray(sigmas, float), np.asarray(counts, float)
@@ -291,7 +314,11 @@ class FastRDP:
             self.rdp += (counts[m, None] * rdp_subsampled_gaussian(float(q), sigmas[m], self.orders)).sum(axis=0)
 
     def get_epsilon(self, delta: float) -> float:
+        from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
         return float(_rdp.compute_epsilon(self.orders, self.rdp, delta)[0])
 
     def get_delta(self, epsilon: float) -> float:
+        from dp_accounting.rdp import rdp_privacy_accountant as _rdp
+
         return float(_rdp.compute_delta(self.orders, self.rdp, epsilon)[0])

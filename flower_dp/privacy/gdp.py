@@ -18,8 +18,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import norm
 
 from .._checks import check_delta, check_epsilon, check_int, check_nonnegative, check_positive, check_probability
 
@@ -47,6 +45,8 @@ def delta_from_mu_eps(mu: float, eps: float) -> float:
     """delta of a mu-GDP mechanism at ``eps`` (Dyn-D2P eq. 4)."""
     mu = check_positive("mu", mu)
     eps = check_nonnegative("eps", eps)
+    from scipy.stats import norm  # here, not at import: scipy.stats alone is ~1 s of a ClientApp's cold start
+
     # e^eps * Phi(b) in log space: e^eps alone overflows for eps > ~709 (large mu, tiny noise)
     second = math.exp(min(eps + float(norm.logcdf(-eps / mu - mu / 2)), 709.0))
     return float(max(0.0, norm.cdf(-eps / mu + mu / 2) - second))
@@ -56,6 +56,8 @@ def mu_from_eps_delta(eps: float, delta: float) -> float:
     """The mu such that mu-GDP implies exactly (eps, delta)-DP (inverse of eq. 4 in mu)."""
     eps = check_epsilon(eps)
     delta = check_delta(delta)
+    from scipy.optimize import brentq
+
     return float(brentq(lambda m: delta_from_mu_eps(m, eps) - delta, 1e-6, 50, xtol=1e-14))
 
 
@@ -68,6 +70,8 @@ def eps_from_mu_delta(mu: float, delta: float) -> float:
     hi = 1.0
     while delta_from_mu_eps(mu, hi) > delta:
         hi *= 2
+    from scipy.optimize import brentq
+
     return float(brentq(lambda e: delta_from_mu_eps(mu, e) - delta, 0.0, hi, xtol=1e-14))
 
 
@@ -126,4 +130,6 @@ def dyn_d2p_mu0(mu_tot: float, p: float, num_iters: int, rho_mu: float) -> float
         return hi
     r = rho_mu ** (2 * np.arange(num_iters) / num_iters)
     target = (mu_tot / p) ** 2
+    from scipy.optimize import brentq
+
     return float(brentq(lambda m: np.expm1(m * m * r).sum() - target, hi / rho_mu, hi, xtol=1e-14))

@@ -19,7 +19,6 @@ dp-accounting.  Add/remove-one neighbours, noise multiplier z = std / clip bound
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import gammaln, logsumexp
 
 from .._checks import check_delta
 
@@ -42,6 +41,8 @@ def rdp_poisson_gaussian(q: float, z: np.ndarray, orders: np.ndarray = ORDERS) -
     -------
     ndarray, shape (m, a)
     """
+    from scipy.special import gammaln, logsumexp  # here: scipy costs a ClientApp's cold start seconds
+
     z = np.atleast_1d(np.asarray(z, dtype=np.float64))
     out = np.empty((z.size, orders.size))
     if q >= 1.0:

@@ -1,0 +1,42 @@
+"""A ClientApp process does not import dp-accounting or scipy until a node accounts (issue 14).
+
+Under Flower's deployment engine every message starts a fresh ``flwr-clientapp`` process that imports the
+ClientApp; dp-accounting (which pulls in scipy.stats and scipy.signal) was ~30 % of that start-up, and a node
+needs it only when it reports its eps at flush.  :mod:`flower_dp.privacy` imports them inside the functions
+that use them.  Checked in a fresh interpreter (this test process has long imported both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CODE = """
+import json, sys
+import flower_dp.privacy, flower_dp.clients.push_sum_app, flower_dp.clients.lrq_mod, push_sum_example.client_app
+before = {m: m in sys.modules for m in ("dp_accounting", "scipy")}
+from flower_dp.privacy import GaussianStep, NodeAccountant
+acc = NodeAccountant()
+for nu in (1.0, 1.5):
+    acc.charge_gaussian(q=0.01, nu=nu, count=10)
+eps = acc.epsilon(1e-5)
+after = {m: m in sys.modules for m in ("dp_accounting", "scipy")}
+print(json.dumps({"before": before, "after": after, "eps": eps}))
+"""
+
+
+def test_client_apps_import_neither_dp_accounting_nor_scipy():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "examples" / "push_sum"),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", CODE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == {"dp_accounting": False, "scipy": False}, got
+    # the first eps loads them: the accountant still works
+    assert got["after"] == {"dp_accounting": True, "scipy": True} and 0 < got["eps"] < 10, got
