@@ -9,7 +9,7 @@ from dp_accounting.pld import privacy_loss_distribution as dpa_pld
 from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
 
 from benchmarks.accounting import _history, rounded_up
-from flower_dp.privacy import GaussianStep, LaplaceStep, accountant, rigorous_epsilon
+from flower_dp.privacy import GaussianStep, LaplaceStep, accountant, rigorous_delta, rigorous_epsilon
 from flower_dp.privacy.fast_compose import FastPLD, FastRDP, compose_pld, rdp_subsampled_gaussian, subsampled_gaussian_pmf
 
 
@@ -58,16 +58,52 @@ def test_composition_matches_dp_accounting_level_by_level():
     assert fr.get_delta(2.0) == pytest.approx(rdp.get_delta(2.0), rel=1e-9)
 
 
-def test_fast_path_only_for_many_poisson_gaussian_levels():
-    """More than FINE_LEVELS Poisson-subsampled Gaussian levels: fast_compose; fewer, or a Laplace step: dp-accounting."""
+def test_fast_path_from_two_poisson_gaussian_levels():
+    """Two or more Poisson-subsampled Gaussian levels: fast_compose (rounded up); one, or a Laplace step: dp-accounting."""
     many = tuple(GaussianStep(0.01, 1.0 + 0.01 * i, 5) for i in range(accountant.FINE_LEVELS + 1))
-    few = many[: accountant.FINE_LEVELS]
-    acc, _ = accountant._compose(many, "pld", "add_remove", 2e-3)
-    assert isinstance(acc, FastPLD)
-    assert isinstance(accountant._compose(many, "rdp", "add_remove", 2e-3)[0], FastRDP)
-    assert isinstance(accountant._compose(few, "pld", "add_remove", 2e-3)[0], dpa.pld.PLDAccountant)
+    two = many[:accountant.FAST_MIN_LEVELS]
+    for hist in (many, two):
+        acc, _ = accountant._compose(hist, "pld", "add_remove", 2e-3)
+        assert isinstance(acc, accountant._RoundedUp) and isinstance(acc.acc, FastPLD)
+        rdp = accountant._compose(hist, "rdp", "add_remove", 2e-3)[0]
+        assert isinstance(rdp, accountant._RoundedUp) and isinstance(rdp.acc, FastRDP)
+    assert isinstance(accountant._compose(many[:1], "pld", "add_remove", 2e-3)[0], dpa.pld.PLDAccountant)
+    assert isinstance(accountant._compose(many[:1], "rdp", "add_remove", 2e-3)[0], dpa.rdp.RdpAccountant)
     mixed = many + (LaplaceStep(50.0, 3),)
     assert isinstance(accountant._compose(mixed, "pld", "add_remove", 2e-3)[0], dpa.pld.PLDAccountant)
+
+
+#: multi-level ledgers that dp-accounting composed level by level before the fast path took them: the
+#: engine benchmark's Dyn-D2P node after 4 rounds (16 levels, q = 1/4), PrivSGP-VR's two alternating
+#: levels, and a few levels with large counts (where the float round-off of the two is largest)
+LEDGERS = {
+    "dyn_d2p_16": [GaussianStep(0.25, 3.504818673501397 * 0.957602 ** i) for i in range(16)],
+    "two_levels": [GaussianStep(1 / 3125, 1.1096, 1560), GaussianStep(1 / 3125, 0.9, 1560)],
+    "big_counts": [GaussianStep(0.01, float(v), c) for v, c in zip((1.0, 0.87, 0.76, 0.66, 0.5), (4100, 3000, 900, 2500, 700))],
+}
+
+
+def _level_by_level(steps, kind, h=accountant.PLD_DISCRETIZATION):
+    acc = dpa.pld.PLDAccountant(value_discretization_interval=h) if kind == "pld" else dpa.rdp.RdpAccountant()
+    for s in steps:
+        acc.compose(dpa.PoissonSampledDpEvent(s.q, dpa.GaussianDpEvent(s.nu)), s.count)
+    return acc
+
+
+@pytest.mark.parametrize("name", sorted(LEDGERS))
+def test_fast_path_is_never_below_dp_accounting_level_by_level(name):
+    """What a multi-level ledger reported before (dp-accounting, level by level) <= what it reports now <= that
+    times 1 + 2 FAST_ROUND_UP, for PLD and RDP at the project's deltas and below; rigorous_delta never below either."""
+    steps = LEDGERS[name]
+    for kind in ("pld", "rdp"):
+        ref = _level_by_level(steps, kind)
+        for delta in (1e-4, 1e-5, 1e-7):
+            old, new = ref.get_epsilon(delta), rigorous_epsilon(steps, delta, accountant=kind, bucket_rel=0)
+            assert old <= new <= old * (1 + 2 * accountant.FAST_ROUND_UP), (kind, delta, old, new)
+        for eps in (0.5 * old, old):
+            assert rigorous_delta(steps, eps, accountant=kind, bucket_rel=0) >= ref.get_delta(eps), (kind, eps)
+    auto = rigorous_epsilon(steps, 1e-5)
+    assert auto == min(rigorous_epsilon(steps, 1e-5, accountant=k) for k in ("pld", "rdp"))
 
 
 def test_bucketed_eps_is_an_upper_bound_within_one_percent_and_the_sandwich_brackets_the_exact_one():
