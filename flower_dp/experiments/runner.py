@@ -30,10 +30,9 @@ from ..errors import NonFiniteError
 from ..gossip import run_iteration
 from ..privacy.budget import charge_replay
 from ..models import cross_entropy_loss, resolve_device
-from ..recorder import FAILED, RUNNING, RunRecorder, completed_status
+from ..recorder import FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, sampler_identity
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
-from ..recorder import SAMPLER_REFUSAL, sampler_identity
 from .config import ExperimentConfig
 
 __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params"]

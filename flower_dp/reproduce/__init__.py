@@ -226,7 +226,7 @@ def rerender(
 
     >>> rerender("docs/results/partpsp")  # doctest: +SKIP
     """
-    from .core import _write_records, migrate_record, unproven_sampler
+    from .core import _write_records, migrate_record, unproven_sampler, with_sampler
 
     out_path = Path(out)
     doc = rio.read_json(out_path / "records.json")
@@ -247,10 +247,8 @@ def rerender(
     except (ValueError, ConfigError):
         configs, kinds = {}, {}
     records = [migrate_record(_revive(r), configs.get(r.get("run_id"))) for r in doc["records"]]
-    for r in records:  # recorded before results named their sampler: push-sum noise was torch's float32 then
-        if "gaussian_sampler" not in r and kinds.get(r.get("run_id")) == "pushsum":
-            r["gaussian_sampler"] = "torch-float32"
-    records = [unproven_sampler(r) for r in records]  # ... so its eps is heuristic, not rigorous
+    # recorded before results named their sampler: push-sum noise was torch's float32, so its eps is heuristic
+    records = [unproven_sampler(with_sampler(r, kinds.get(r.get("run_id")))) for r in records]
     from ..releases import public_history_row
 
     for r in records:  # as record_from_doc does: uncharged statistics stay out of a record that did not opt in

@@ -260,15 +260,29 @@ FLOAT32_SAMPLER_NOTE = (
 )
 
 
-def unproven_sampler(rec: dict[str, Any]) -> dict[str, Any]:
-    """A record whose Gaussian noise was drawn by torch's float32 sampler, with its eps demoted to ``eps_heuristic``
-    (:data:`FLOAT32_SAMPLER_NOTE`; history rows too).  Other records, and ones already demoted, come back unchanged
-    (a new dict; idempotent).  Only a finite ``eps_rigorous`` is demoted: a non-private run drew no noise."""
+def with_sampler(rec: dict[str, Any], kind: str | None) -> dict[str, Any]:
+    """``rec`` (a new dict) naming its Gaussian sampler: a push-sum record from before results named it
+    (``gaussian_sampler`` missing or None) drew torch's float32 noise, cut at 5.77 std (before commit 4575d7e)."""
+    out = dict(rec)
+    if out.get("gaussian_sampler") is None and kind == "pushsum":
+        out["gaussian_sampler"] = "torch-float32"
+    return out
+
+
+def _float32_private(rec: dict[str, Any]) -> bool:
+    """A private record (finite ``eps_rigorous``) whose noise came from torch's float32 sampler, not yet demoted."""
     try:
         private = math.isfinite(float(rec.get("eps_rigorous")))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         private = False
-    if rec.get("gaussian_sampler") != "torch-float32" or not private:
+    return private and rec.get("gaussian_sampler") == "torch-float32"
+
+
+def unproven_sampler(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record whose Gaussian noise was drawn by torch's float32 sampler, with its eps demoted to ``eps_heuristic``
+    (:data:`FLOAT32_SAMPLER_NOTE`; history rows too).  Other records, and ones already demoted, come back unchanged
+    (a new dict; idempotent).  Only a finite ``eps_rigorous`` is demoted: a non-private run drew no noise."""
+    if not _float32_private(rec):
         return dict(rec)
     out = {k: v for k, v in rec.items() if k != "eps_rigorous"}
     out.update(eps_rigorous=None, eps_heuristic=rec["eps_rigorous"], privacy_note=FLOAT32_SAMPLER_NOTE)
@@ -280,8 +294,7 @@ def unproven_sampler(rec: dict[str, Any]) -> dict[str, Any]:
 
 def drew_float32_noise(rec: dict[str, Any]) -> bool:
     """Whether a record is a private run whose noise came from torch's float32 sampler (demoted or not yet)."""
-    return rec.get("privacy_note") == FLOAT32_SAMPLER_NOTE or unproven_sampler(rec).get("privacy_note") == \
-        FLOAT32_SAMPLER_NOTE
+    return rec.get("privacy_note") == FLOAT32_SAMPLER_NOTE or _float32_private(rec)
 
 
 def _privacy_fields(doc: dict[str, Any], config: dict[str, Any] | None) -> dict[str, Any]:
@@ -360,9 +373,8 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "uncharged_statistics_released": bool(doc.get("uncharged_statistics_released", False)),
         # where the privacy noise came from (flower_dp.rng.noise_record); a run from before secret noise was seeded
         "noise_mode": (doc.get("noise") or {}).get("mode", "reproducible"),
-        # push-sum noise drawn before the float64 sampler (commit 4575d7e) was torch's float32, cut at 5.77 std
-        "gaussian_sampler": (doc.get("noise") or {}).get("gaussian_sampler",
-                                                         "torch-float32" if spec.kind == "pushsum" else None),
+        # push-sum noise drawn before the float64 sampler (commit 4575d7e) was torch's float32 (with_sampler)
+        "gaussian_sampler": (doc.get("noise") or {}).get("gaussian_sampler"),
     }
     rec.update(doc.get("extra_record", {}))
     rec["config_sha"] = config_sha(spec.config)
@@ -372,7 +384,7 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
 
         hist = [public_history_row(h) for h in hist]  # a reused run from before the releases were filtered
     rec["history"] = hist
-    return unproven_sampler(rec)
+    return unproven_sampler(with_sampler(rec, spec.kind))
 
 
 def config_sha(config: dict[str, Any]) -> str:
@@ -398,8 +410,7 @@ def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[st
     rec = committed.get(spec.run_id)
     if rec is None or rec.get("config_sha") != config_sha(spec.config):
         return None
-    if spec.kind == "pushsum" and (drew_float32_noise(rec) or (rec.get("gaussian_sampler") is None and
-                                                             drew_float32_noise({**rec, "gaussian_sampler": "torch-float32"}))):
+    if drew_float32_noise(with_sampler(rec, spec.kind)):
         return None  # private noise from torch's float32 sampler: its eps is not proven, so the run is made again
     if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
         return None
