@@ -194,12 +194,13 @@ class GauLRQ(FedAvg):
                  evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None) -> None:
         self.method = check_choice("method", method, METHODS)
         self.private = method != "none"
+        self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
         self.accountant = accountant
         if accountant is not None:
-            if not self.private or method in HEURISTIC_METHODS or (method == "lrq" and layer_dtype == "float32"):
+            if not self.private or self.heuristic_note is not None:
                 raise ValueError(f"accountant= needs a method with a DP proof ('lrq' with layer_dtype='float64', "
-                                 f"'gaussian', 'qg'), got method={method!r}, layer_dtype={layer_dtype!r}; Flower's accountant would report a guarantee that does not "
-                                 "exist; drop accountant")
+                                 f"'gaussian', 'qg'), got method={method!r}, layer_dtype={layer_dtype!r}; Flower's "
+                                 "accountant would report a guarantee that does not exist; drop accountant")
             cfg = accountant.config
             num_clients = cfg.population_size if num_clients is None else num_clients
             epsilon = cfg.max_epsilon if epsilon is None else epsilon
@@ -228,7 +229,6 @@ class GauLRQ(FedAvg):
         self.clip = check_positive("clip", clip) if self.private else float("inf")
         self.server_lr = check_positive("server_lr", server_lr)
         self.bq_bits = check_int("bq_bits", bq_bits, minimum=2, maximum=16)
-        self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
         self.keep_decoded = bool(keep_decoded)
         self.resume = bool(resume)
         self.reproducible = bool(reproducible)
