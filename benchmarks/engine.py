@@ -615,6 +615,21 @@ def _slope(points: dict, key: str) -> float | None:
     return round(float(np.polyfit(ns, ys, 1)[0]), 3)
 
 
+def _grow(out: dict, series: str, sizes, label: str, point, describe, how: str = "") -> None:
+    """``point(n)`` for each n of ``sizes`` in turn into ``out[series][str(n)]``, and ``out["max_nodes_" + series]``:
+    the largest n that ran is the figure, so the first failure is recorded (``missing``) and ends the series."""
+    for n in sizes:
+        _log(f"{label} n={n} {how}...")
+        try:
+            r = point(n)
+        except Exception as exc:  # noqa: BLE001 -- the largest n that ran is the figure
+            out[series][str(n)] = missing(f"n={n} failed", exc)
+            break
+        out[series][str(n)] = r
+        out[f"max_nodes_{series}"] = n
+        _log("  " + describe(n, r))
+
+
 def run_scale(quick: bool = False, *, skip_ray: bool = False) -> dict:
     """Node-iterations/s and memory vs n: two-layer-net Dyn-D2P nodes in-process and on 2 Ray host actors
     (n = 8, 64, 256, 1,024), shallow-CNN nodes as Flower SuperNodes (n = 8, 32, 64); quick: n = 4, 8 / 4.
@@ -643,18 +658,18 @@ def run_scale(quick: bool = False, *, skip_ray: bool = False) -> dict:
                      "algorithm": "dyn_d2p", "topology": "exp", "data": "synthetic (timing only)",
                      "timed_iterations": iters, "segment_iterations": per, "warmup_iterations": 1,
                      "flower_warmup_round_iterations": iters}
-    for n in mlp_sizes:
-        _log(f"in-process MLP n={n} ...")
-        ref = REFERENCE_N if n == max(mlp_sizes) and n > REFERENCE_N else None
-        try:  # quick: in this process (no child start-up); else a fresh process per n
-            r = (_mlp_inprocess_point if quick else _mlp_inprocess)(n, J, batch, iters, per, ref)
-        except Exception as exc:  # noqa: BLE001 -- the largest n that ran is the figure
-            out["inprocess_mlp"][str(n)] = missing(f"n={n} failed", exc)
-            break
-        out["inprocess_mlp"][str(n)] = r
-        out["max_nodes_inprocess_mlp"] = n
-        _log(f"  {r['node_iterations_per_s']} node-it/s, {r['rss_mb_per_node']} MB/node, peak {r['rss_mb_peak']} MB"
-             + (f"; vs n={ref} alongside: {r['throughput_ratio_vs_reference']}" if ref else ""))
+    def ref(n: int) -> int | None:  # the largest MLP size also times a REFERENCE_N network alongside
+        return REFERENCE_N if n == max(mlp_sizes) and n > REFERENCE_N else None
+
+    def vs_ref(n: int, r: dict) -> str:
+        return f"; vs n={ref(n)} alongside: {r['throughput_ratio_vs_reference']}" if ref(n) else ""
+
+    # quick: in this process (no child start-up); else a fresh process per n
+    inprocess = _mlp_inprocess_point if quick else _mlp_inprocess
+    _grow(out, "inprocess_mlp", mlp_sizes, "in-process MLP",
+          lambda n: inprocess(n, J, batch, iters, per, ref(n)),
+          lambda n, r: f"{r['node_iterations_per_s']} node-it/s, {r['rss_mb_per_node']} MB/node, peak "
+                       f"{r['rss_mb_peak']} MB" + vs_ref(n, r))
     if skip_ray:
         out["ray_mlp"] = out["flower_cnn"] = missing("Ray run skipped (--skip-ray)")
         return out
@@ -670,32 +685,17 @@ def run_scale(quick: bool = False, *, skip_ray: bool = False) -> dict:
     try:
         ray.cloudpickle.register_pickle_by_value(this)  # hosts need not import the benchmarks package
         ensure_ray(num_cpus=2)
-        for n in mlp_sizes:
-            _log(f"Ray host actors MLP n={n} ...")
-            ref = REFERENCE_N if n == max(mlp_sizes) and n > REFERENCE_N else None
-            try:
-                r = _mlp_ray_point(n, J, batch, iters, per, ref)
-            except Exception as exc:  # noqa: BLE001
-                out["ray_mlp"][str(n)] = missing(f"n={n} failed", exc)
-                break
-            out["ray_mlp"][str(n)] = r
-            out["max_nodes_ray_mlp"] = n
-            _log(f"  {r['node_iterations_per_s']} node-it/s, hosts {r['hosts_rss_mb']} MB, peak "
-                 f"{r['hosts_rss_mb_peak']} MB ({r['hosts_rss_mb_per_node_delta']} MB/node over empty hosts)"
-                 + (f"; vs n={ref} alongside: {r['throughput_ratio_vs_reference']}" if ref else ""))
+        _grow(out, "ray_mlp", mlp_sizes, "Ray host actors MLP",
+              lambda n: _mlp_ray_point(n, J, batch, iters, per, ref(n)),
+              lambda n, r: f"{r['node_iterations_per_s']} node-it/s, hosts {r['hosts_rss_mb']} MB, peak "
+                           f"{r['hosts_rss_mb_peak']} MB ({r['hosts_rss_mb_per_node_delta']} MB/node over empty hosts)"
+                           + vs_ref(n, r))
     finally:
         ray.shutdown()
-    for n in cnn_sizes:
-        _log(f"Flower SuperNodes CNN n={n} (run_simulation) ...")
-        try:
-            r = _flower_cnn_point(n, cnn_J, cnn_batch, iters)
-        except Exception as exc:  # noqa: BLE001
-            out["flower_cnn"][str(n)] = missing(f"n={n} failed", exc)
-            break
-        out["flower_cnn"][str(n)] = r
-        out["max_nodes_flower_cnn"] = n
-        _log(f"  {r['node_iterations_per_s']} node-it/s (segment alone {r['segment_node_iterations_per_s']}), "
-             f"Ray workers {r['workers_rss_mb']} MB, peak {r['workers_rss_mb_peak']} MB")
+    _grow(out, "flower_cnn", cnn_sizes, "Flower SuperNodes CNN",
+          lambda n: _flower_cnn_point(n, cnn_J, cnn_batch, iters),
+          lambda n, r: f"{r['node_iterations_per_s']} node-it/s (segment alone {r['segment_node_iterations_per_s']}), "
+                       f"Ray workers {r['workers_rss_mb']} MB, peak {r['workers_rss_mb_peak']} MB", "(run_simulation) ")
     out["rss_mb_per_node_slope_inprocess_mlp"] = _slope(out["inprocess_mlp"], "rss_mb_after")
     out["hosts_mb_per_node_slope_ray_mlp"] = _slope(out["ray_mlp"], "hosts_rss_mb")
     out["hosts_mb_per_node_slope_flower_cnn"] = _slope(out["flower_cnn"], "hosts_rss_mb")
