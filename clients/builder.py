@@ -4,7 +4,7 @@ Its users build nodes (or plan them) through it, from the same config dict, so t
 
 * the in-process runner (:func:`flower_dp.experiments.runner.build_experiment`): ``build_parts(config)``,
   then ``parts.build_node(i, device)`` for every i;
-* the push-sum ClientApp (:mod:`flower_dp.clients.push_sum_app`): the server plans once
+* the push-sum ClientApp (:mod:`flower_dp.clients.push_sum_node`): the server plans once
   (``spec_from_config``: ``build_parts(config, test=False).plan``), each SuperNode builds its own node
   (``build_parts(config, plan=plan, test=False).build_node(node_id, device)``).  The drop-in path (your
   own model and data, ``plan_spec``/``model_builder``) shares the steps below it: :func:`model_dim`,

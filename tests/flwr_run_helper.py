@@ -14,7 +14,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -35,6 +37,25 @@ def _kill_group(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             pass
         time.sleep(1)
+
+
+@contextmanager
+def sigterm_raises():
+    """While inside, SIGTERM raises ``SystemExit`` (in the main thread), so the caller's ``finally`` stops the
+    processes it started: ``timeout`` or a CI runner stopping pytest sends SIGTERM, whose default action would
+    end the interpreter at once and leave the SuperLink and SuperNodes running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400,
@@ -62,19 +83,20 @@ def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: s
     link = subprocess.Popen(
         [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
         env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            with socket.socket() as s, socket.socket() as r:
-                if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
-                    break
-            assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
-            time.sleep(0.5)
-        out = subprocess.run(
-            [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", federation_config,
-             "--run-config", run_config], env=env, capture_output=True, text=True, timeout=timeout)
-        return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
-    finally:
-        _kill_group(link)
-        _kill_group(ray_head)
-        shutil.rmtree(ray_temp, ignore_errors=True)
+    with sigterm_raises():
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                with socket.socket() as s, socket.socket() as r:
+                    if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
+                        break
+                assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
+                time.sleep(0.5)
+            out = subprocess.run(
+                [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", federation_config,
+                 "--run-config", run_config], env=env, capture_output=True, text=True, timeout=timeout)
+            return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
+        finally:
+            _kill_group(link)
+            _kill_group(ray_head)
+            shutil.rmtree(ray_temp, ignore_errors=True)

@@ -14,14 +14,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = ROOT / "flower_dp" / "experiments" / "runner.py"
-APP = ROOT / "clients" / "push_sum_app.py"
+APP = ROOT / "clients" / "push_sum_node.py"
 FLOWER_BACKEND = ROOT / "flower_dp" / "experiments" / "flower_backend.py"
 #: the steps only the builder takes (loading and partitioning data, topology, planning, making nodes, models)
 STEPS = {"load_dataset", "partition", "make_topology", "check_strongly_connected", "topology_for", "make_node",
          "build_model"}
 
 
-#: push_sum_app's experiment and drop-in node builders (its toy demo node builds its own topology)
+#: push_sum_node's experiment and drop-in node builders (its toy demo node builds its own topology)
 APP_BUILDERS = ("spec_from_config", "build_registry_node", "build_plan_node", "registry_builder", "plan_spec",
                 "model_builder")
 
@@ -44,7 +44,7 @@ def _names(path: Path, functions: tuple[str, ...] = ()) -> tuple[set[str], set[s
     return imported, called
 
 
-@pytest.mark.parametrize("path", [RUNNER, APP, FLOWER_BACKEND], ids=["runner", "push_sum_app", "flower_backend"])
+@pytest.mark.parametrize("path", [RUNNER, APP, FLOWER_BACKEND], ids=["runner", "push_sum_node", "flower_backend"])
 def test_runner_and_client_app_go_through_the_builder(path):
     imported, called = _names(path)
     assert "build_parts" in imported and "build_parts" in called, f"{path.name} does not call build_parts"

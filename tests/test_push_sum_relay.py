@@ -1,6 +1,6 @@
 """The server-relay transport without a Flower simulation: PushSumStrategy driven through a fake Grid.
 
-The fake Grid hands every message to :func:`flower_dp.clients.push_sum_app.handle_message` (the
+The fake Grid hands every message to :func:`flower_dp.clients.push_sum_node.handle_message` (the
 ClientApp's body) and can drop the ClientApp's process cache before every message, the worst
 case of Flower running a node's next message in another process.
 """
@@ -12,8 +12,8 @@ import functools
 import pytest
 import torch
 
-from flower_dp.clients import push_sum_app
-from flower_dp.clients.push_sum_app import build_plan_node, handle_content
+from flower_dp.clients import push_sum_node
+from flower_dp.clients.push_sum_node import build_plan_node, handle_content
 from flower_dp.errors import CheckpointError, GossipTimeoutError
 from flower_dp.gossip import run_iteration
 from flower_dp.results import load_checkpoint
@@ -55,7 +55,7 @@ class FakeGrid:
             if ctx is None:
                 continue  # no such SuperNode: no reply (Flower would time out)
             if self.fresh_process:
-                push_sum_app._RELAY_CACHE.clear()
+                push_sum_node._RELAY_CACHE.clear()
             out.append(Message(handle_content(m.content, ctx, 1, self.builder), reply_to=m))
             self.messages += 1
         return out

@@ -187,7 +187,7 @@ def test_relay_node_rebuilt_in_another_process_keeps_its_secret():
     replays k with the same noise and batch."""
     from flwr.app import ConfigRecord
 
-    from flower_dp.clients import push_sum_app as app
+    from flower_dp.clients import push_sum_node as app
     from flower_dp.gossip import relay as keys
 
     plan = _plan()
