@@ -8,19 +8,23 @@ shared machine absolute times are noisy; the ratios are what to compare.
 |---|---|---|
 | ``private_step_ratio_{cnn,mlp}_b{32,64}`` | DP step with the fast (ghost) clipping path | non-private step |
 | ``private_step_ratio_{cnn,mlp}_b{32,64}_opacus_{hooks,ghost,functorch}`` | Opacus' DP step, each mode (null without Opacus) | non-private step, interleaved with ours |
+| ``private_step_median_ours_over_opacus_best_{cnn,mlp}_b{32,64}`` | our DP step, by the median (goal <= 0.6) | Opacus' best mode, same loop |
 | ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
 | ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
 | ``accounting_seconds_30000`` | rigorous eps of a 30,000-step schedule, 30,000 distinct levels | (seconds, cold, min of 3) |
 | ``accounting_eps_rel_diff_30000`` | its bucketed eps | a lower bound of its unbucketed eps (levels rounded up) |
 | ``lrq_codec_ratio`` | LRQ encode + decode of 1e7 coordinates | drawing the same randoms |
+| ``lrq_codec_cpu_ratio`` | the same by each call's thread CPU time (steadier on a loaded machine) | the draws' CPU time |
 | ``wire_ratio`` | bytes Flower ships for a Gau-LRQ round's uploads (real mod) | algorithmic bits / 8 |
 | ``max_nodes_inprocess_mlp`` / ``max_nodes_flower_cnn`` | largest n run (scale): MLP nodes in-process / CNN Flower SuperNodes | |
 | ``scale_mlp_{inprocess,ray}_throughput_ratio_1024_vs_64`` | node-iterations/s at n = 1,024 (in-process / 2 Ray host actors) | the same at n = 64 |
 | ``scale_mlp_inprocess_rss_gb_1024``, ``scale_mlp_ray_rss_gb_1024``, ``scale_cnn_flower_rss_gb_64`` | peak RSS (GiB): the process / the summed Ray workers | |
 | ``raylets_throughput_ratio`` | host-actor node-iterations/s on 2 raylets (``ray.cluster_utils.Cluster``) | the same on 1 raylet |
 
-``private_step_median_ratio_*`` are the same ratios by the median over repeats (the others: minimum).
+``private_step_median_ratio_*``, ``engine_overhead_median_ratio``, ``lrq_codec_median_ratio``,
+``lrq_codec_cpu_median_ratio`` and ``raylets_median_throughput_ratio`` are the same ratios by the median
+over repeats (the others: minimum).
 
 A benchmark whose code under test does not exist yet reports ``null`` with a ``missing`` note.
 """
@@ -50,11 +54,21 @@ REQUIRED_KEYS = (
     "accounting_eps_rel_diff",
     "accounting_seconds_30000",
     "accounting_eps_rel_diff_30000",
+    "engine_overhead_median_ratio",
     "lrq_codec_ratio",
+    "lrq_codec_median_ratio",
+    "lrq_codec_cpu_ratio",
+    "lrq_codec_cpu_median_ratio",
     "wire_ratio",
     "max_nodes_flower_cnn",
     "max_nodes_inprocess_mlp",
     *(f"private_step_ratio_{c}_opacus_{mode}" for c in PRIVATE_STEP_CASES for mode in OPACUS_MODES),
+    *(f"private_step_median_ours_over_opacus_best_{c}" for c in PRIVATE_STEP_CASES),
+    "scale_mlp_inprocess_throughput_ratio_1024_vs_64",
+    "scale_mlp_ray_throughput_ratio_1024_vs_64",
+    "scale_mlp_inprocess_rss_gb_1024",
+    "scale_mlp_ray_rss_gb_1024",
+    "scale_cnn_flower_rss_gb_64",
     "raylets_throughput_ratio",
     "machine",
     "versions",
@@ -133,11 +147,15 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         "private_step_ratio_cnn_b64_vmap": _get(details, "private_step", "cases", "cnn_b64", "ratio_vmap"),
         "private_step_ratio_mlp_b64_vmap": _get(details, "private_step", "cases", "mlp_b64", "ratio_vmap"),
         "engine_overhead_ratio": _get(details, "engine_overhead", "value"),
+        "engine_overhead_median_ratio": _get(details, "engine_overhead", "median_ratio"),
         "accounting_seconds_3000": None if quick else _get(details, "accounting", "seconds_bucketed"),
         "accounting_eps_rel_diff": _get(details, "accounting", "eps_rel_diff"),
         "accounting_seconds_30000": None if quick else _get(details, "accounting", "long", "seconds"),
         "accounting_eps_rel_diff_30000": None if quick else _get(details, "accounting", "long", "eps_rel_diff"),
         "lrq_codec_ratio": _get(details, "lrq_codec", "ratio"),
+        "lrq_codec_median_ratio": _get(details, "lrq_codec", "median_ratio"),
+        "lrq_codec_cpu_ratio": _get(details, "lrq_codec", "cpu_ratio"),
+        "lrq_codec_cpu_median_ratio": _get(details, "lrq_codec", "cpu_median_ratio"),
         "wire_ratio": _get(details, "wire", "ratio"),
         "max_nodes_flower_cnn": _get(details, "scale", "max_nodes_flower_cnn"),
         "max_nodes_inprocess_mlp": _get(details, "scale", "max_nodes_inprocess_mlp"),
@@ -165,6 +183,8 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
                                                                     f"ratio_opacus_{mode}")
             doc[f"private_step_median_ratio_{case}_opacus_{mode}"] = _get(details, "private_step", "cases", case,
                                                                            f"median_ratio_opacus_{mode}")
+        doc[f"private_step_median_ours_over_opacus_best_{case}"] = _get(details, "private_step", "cases", case,
+                                                                         "median_ours_over_opacus_best")
     doc["opacus"] = _get(details, "private_step", "opacus")
     if quick:
         doc["accounting_seconds_quick"] = _get(details, "accounting", "seconds_bucketed")

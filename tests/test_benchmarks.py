@@ -41,13 +41,18 @@ def test_quick_suite_writes_every_required_key(quick_doc):
 
 def test_quick_suite_figures_are_positive_ratios(quick_doc):
     """Every figure whose code exists is a finite positive number; the Ray ones are null with a note."""
-    for key in ("private_step_ratio_cnn_b64", "private_step_ratio_mlp_b64", "lrq_codec_ratio", "wire_ratio"):
+    for key in ("private_step_ratio_cnn_b64", "private_step_ratio_mlp_b64", "lrq_codec_ratio", "wire_ratio",
+                "private_step_median_ratio_cnn_b64", "lrq_codec_median_ratio", "lrq_codec_cpu_median_ratio"):
         v = quick_doc[key]
         assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
     # bucketing rounds noise levels down: eps can only grow (accountant.bucket_steps docstring)
     assert quick_doc["accounting_eps_rel_diff"] >= 0
     assert quick_doc["max_nodes_inprocess_mlp"] >= 1
-    assert quick_doc["engine_overhead_ratio"] is None
+    assert quick_doc["engine_overhead_ratio"] is None and quick_doc["engine_overhead_median_ratio"] is None
+    # ours / Opacus' best mode (by the median) sits beside the per-mode ratios: a number with Opacus, else null
+    ours_vs_best = quick_doc["private_step_median_ours_over_opacus_best_cnn_b64"]
+    assert (ours_vs_best is None) == (quick_doc["private_step_ratio_cnn_b64_opacus_ghost"] is None)
+    assert ours_vs_best is None or ours_vs_best > 0
     assert "missing" in quick_doc["details"]["engine_overhead"]["note"]
     # the LRQ codec's error is N(0, sigma^2) by construction (gau-lrq.md 3.5): a sanity check of the run
     assert quick_doc["details"]["lrq_codec"]["error_std_over_sigma"] == pytest.approx(1.0, abs=0.05)
