@@ -25,7 +25,7 @@ D = 101_770
 
 def _variants(std: float = 0.7) -> dict:
     from flower_dp.mechanisms.noise import gaussian_noise
-    from flower_dp.rng import PURPOSES, node_secret, torch_generator
+    from flower_dp.rng import PURPOSES, node_secret, noise_generator, torch_generator
 
     key = node_secret(False, 0)
     k = [0]
@@ -47,8 +47,12 @@ def _variants(std: float = 0.7) -> dict:
     once_t = torch.Generator().manual_seed(1)
     once_n = np.random.Generator(np.random.SFC64(1))
     return {
-        "torch_randn_new_tensor (nodes)": lambda: gaussian_noise(D, std, torch_generator(key, 3, "noise", nxt())),
-        "torch_into_buffer": lambda: gaussian_noise(D, std, torch_generator(key, 3, "noise", nxt()), out=buf_t),
+        "numpy_float64_ziggurat_new_tensor (nodes)": lambda: gaussian_noise(D, std, noise_generator(key, 3, nxt())),
+        "numpy_float64_ziggurat_into_buffer": lambda: gaussian_noise(D, std, noise_generator(key, 3, nxt()), out=buf_t),
+        "torch_float64_box_muller (nodes until issue 16)": lambda: torch.randn(
+            D, generator=torch_generator(key, 3, "noise", nxt()), dtype=torch.float64).mul_(std).float(),
+        "torch_float32_box_muller (cut at 5.77 std)": lambda: torch.randn(
+            D, generator=torch_generator(key, 3, "noise", nxt())).mul_(std),
         "numpy_pcg64_ziggurat": numpy_stream(np.random.PCG64),
         "numpy_sfc64_ziggurat": numpy_stream(np.random.SFC64),
         "numpy_philox_ziggurat": numpy_stream(np.random.Philox),

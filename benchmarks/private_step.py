@@ -47,7 +47,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     from flower_dp.mechanisms.ghost_clipping import ghost_clipped_grad_sum
     from flower_dp.mechanisms.noise import gaussian_noise
     from flower_dp.models import build_model
-    from flower_dp.rng import node_secret, torch_generator
+    from flower_dp.rng import node_secret, noise_generator
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(batch, 1, 28, 28, generator=g)
@@ -77,7 +77,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
         def step():
             gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
             k[0] += 1  # one stream per iteration, as PushSumNode.gaussian
-            gsum.add_(gaussian_noise(d, noise_multiplier * clip, torch_generator(key, 0, "noise", k[0]), out=noise))
+            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 0, k[0]), out=noise))
             views, start = [], 0
             for p in params:
                 views.append(gsum[start : start + p.numel()].view_as(p))
@@ -93,7 +93,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
 
     def noise_only():
         kn[0] += 1
-        return gaussian_noise(d, noise_multiplier * clip, torch_generator(key, 1, "noise", kn[0]), out=buf)
+        return gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 1, kn[0]), out=buf)
 
     return {
         "noise": noise_only,

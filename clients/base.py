@@ -28,7 +28,7 @@ from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_cli
 from flower_dp.mechanisms.flat import flatten_params
 from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, NodeAccountant
 from flower_dp.mechanisms.noise import gaussian_noise, laplace_noise
-from flower_dp.rng import NodeKey, node_secret, noise_record, numpy_rng
+from flower_dp.rng import NodeKey, node_secret, noise_generator, noise_record, numpy_rng
 from flower_dp.rng import torch_generator
 
 __all__ = ["Plan", "NoiseRelease", "PushSumNode", "DPSGDNode", "validate_params", "ablate", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
@@ -495,7 +495,7 @@ class PushSumNode:
 
     def gaussian(self, k: int, std: float, d: int) -> torch.Tensor:
         """``N(0, std^2 I_d)`` from the private stream (key, node, "noise", k); zeros (no draw) when std == 0."""
-        gen = torch_generator(self._private_key, self.node_id, "noise", k, device=self.device) if std > 0 else None
+        gen = noise_generator(self._private_key, self.node_id, k) if std > 0 else None
         return gaussian_noise(d, std, gen, dtype=torch.float32, device=self.device)
 
     def release_gaussian(self, k: int, d: int) -> tuple[torch.Tensor, float]:

@@ -59,9 +59,15 @@ def sampler_identity() -> dict[str, str]:
 
 
 def _other_sampler(where: str, got: Any, want: Any) -> str:
+    from .mechanisms.noise import PROVEN_SAMPLERS
+
+    if got in PROVEN_SAMPLERS:  # proven too, but one run's noise comes from one sampler (its record names it)
+        why = "a run's noise comes from one sampler, the one its results name"
+    else:
+        why = "resuming it would leave the noise drawn so far unproven"
     return (f"the checkpoint in {where} holds noise drawn with the Gaussian sampler "
-            f"{got or 'torch-float32 (before the field existed)'}, this run draws with {want}: resuming it would leave "
-            "the noise drawn so far unproven; start the run again (delete the checkpoint or use a new out_dir)")
+            f"{got or 'torch-float32 (before the field existed)'}, this run draws with {want}: {why}; start the run "
+            "again (delete the checkpoint or use a new out_dir)")
 
 
 #: The refusal of a checkpoint whose noise came from another sampler (with :func:`sampler_identity`).

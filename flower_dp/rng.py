@@ -35,7 +35,7 @@ import secrets
 
 import numpy as np
 
-__all__ = ["PURPOSES", "PRIVATE_PURPOSES", "NodeKey", "node_secret", "noise_record", "stream_seed", "numpy_rng",
+__all__ = ["PURPOSES", "PRIVATE_PURPOSES", "NodeKey", "node_secret", "noise_record", "stream_seed", "numpy_rng", "noise_generator",
            "torch_generator", "SECRET_NOTE", "REPRODUCIBLE_NOTE"]
 
 #: Known purposes; the integer code is part of the stream key and must never change.
@@ -142,6 +142,14 @@ def numpy_rng(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0) ->
     """A ``numpy.random.Generator`` (PCG64) for the stream (seed, node, purpose, k)."""
     ss = np.random.SeedSequence(_seed_int(seed), spawn_key=(int(node), _purpose_code(purpose), int(k)))
     return np.random.default_rng(ss)
+
+
+def noise_generator(seed: int | NodeKey, node: int, k: int = 0) -> np.random.Generator:
+    """A ``numpy.random.Generator`` (SFC64) for node ``node``'s Gaussian noise stream (seed, node, "noise", k), the
+    generator :func:`flower_dp.mechanisms.noise.gaussian_noise` draws from.  Seeded through ``SeedSequence`` from
+    the whole key (a 256-bit secret in secret mode)."""
+    ss = np.random.SeedSequence(_seed_int(seed), spawn_key=(int(node), PURPOSES["noise"], int(k)))
+    return np.random.Generator(np.random.SFC64(ss))
 
 
 def torch_generator(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0, device: str = "cpu"):

@@ -43,7 +43,9 @@ CASES = {
 def test_converges_with_large_budget_and_degrades_with_small(case):
     algorithm, params, knob, (large, small), topo_fn = CASES[case]
     big = _gap(algorithm, dict(params, **{knob: large}), topo_fn=topo_fn, seeds=(0,))
-    worse = _gap(algorithm, dict(params, **{knob: small}), topo_fn=topo_fn, seeds=(0,))
+    # the small budget's gap is a noisy quantity (12 coordinates, the last iterations' noise dominate): over one noise
+    # realization it ranged 0.03-0.35 (8 streams, const_d2p), so its mean over 4 seeds is compared
+    worse = _gap(algorithm, dict(params, **{knob: small}), topo_fn=topo_fn, seeds=(0, 1, 2, 3))
     assert big < 0.08, big
     assert np.isfinite(worse) and worse > big + 0.02, (worse, big)
 

@@ -123,7 +123,7 @@ def test_refuses_time_varying_graph():
 def test_dp_csgp_converges_and_degrades_with_eps():
     common = dict(lr=0.3, batch_size=16, G=1.0, delta=1e-4, compressor="rand_0.75", accountant="rdp")
     big = _gap("dp_csgp", dict(common, epsilon=50.0))
-    small = _gap("dp_csgp", dict(common, epsilon=0.5))
+    small = _gap("dp_csgp", dict(common, epsilon=0.5), seeds=(0, 1, 2, 3))  # a noisy gap: its mean over 4 seeds
     assert big < 0.08, big
     assert small > big + 0.02, (small, big)
 

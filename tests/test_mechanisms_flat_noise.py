@@ -16,6 +16,7 @@ from flower_dp.mechanisms import (
     param_slices,
     unflatten_tensors,
 )
+from flower_dp.rng import noise_generator
 
 
 def torch_generator(seed, node, purpose, k):
@@ -67,11 +68,11 @@ def test_unflatten_views_and_errors():
 def test_gaussian_noise_std_mean_and_reproducible():
     """Empirical std within 1% (d = 4e5 -> SE 0.11%), mean ~ 0, same key -> same draw."""
     d, std = 400_000, 0.37
-    n = gaussian_noise(d, std, torch_generator(1, 0, "noise", 0), dtype=torch.float64)
+    n = gaussian_noise(d, std, noise_generator(1, 0, 0), dtype=torch.float64)
     assert n.shape == (d,) and n.dtype == torch.float64
     assert abs(float(n.std()) / std - 1) < 0.01
     assert abs(float(n.mean())) < 5 * std / math.sqrt(d)
-    again = gaussian_noise(d, std, torch_generator(1, 0, "noise", 0), dtype=torch.float64)
+    again = gaussian_noise(d, std, noise_generator(1, 0, 0), dtype=torch.float64)
     assert torch.equal(n, again)
 
 
@@ -79,7 +80,7 @@ def test_noise_independent_across_keys():
     """Different (node, k) streams are uncorrelated (|corr| < 5/sqrt(d))."""
     d = 200_000
     keys = [(0, 0), (1, 0), (0, 1)]
-    draws = [gaussian_noise(d, 1.0, torch_generator(5, nd, "noise", k), dtype=torch.float64) for nd, k in keys]
+    draws = [gaussian_noise(d, 1.0, noise_generator(5, nd, k), dtype=torch.float64) for nd, k in keys]
     for i in range(3):
         for j in range(i + 1, 3):
             corr = float(torch.corrcoef(torch.stack([draws[i], draws[j]]))[0, 1])
@@ -99,9 +100,11 @@ def test_laplace_noise_law():
 def test_zero_noise_and_errors():
     """std = 0 gives exact zeros; negative std / non-generator are refused naming the value."""
     g = torch_generator(0, 0, "noise", 0)
-    assert torch.equal(gaussian_noise(5, 0.0, g), torch.zeros(5))
+    assert torch.equal(gaussian_noise(5, 0.0, noise_generator(0, 0, 0)), torch.zeros(5))
     assert torch.equal(laplace_noise(5, 0.0, g), torch.zeros(5))
     with pytest.raises(ValueError, match="std must be >= 0.*got -1"):
-        gaussian_noise(5, -1.0, g)
-    with pytest.raises(TypeError, match="torch.Generator"):
+        gaussian_noise(5, -1.0, noise_generator(0, 0, 0))
+    with pytest.raises(TypeError, match="numpy.random.Generator"):
         gaussian_noise(5, 1.0, 42)
+    with pytest.raises(TypeError, match="noise_generator"):
+        gaussian_noise(5, 1.0, g)  # a torch generator: the Gaussian noise comes from numpy's float64 ziggurat

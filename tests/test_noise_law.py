@@ -13,7 +13,9 @@ from scipy import stats
 from flower_dp.clients import registry
 from flower_dp.mechanisms.noise import gaussian_noise
 from flower_dp.models import build_model
-from flower_dp.rng import node_secret, torch_generator
+import numpy as np
+
+from flower_dp.rng import node_secret, noise_generator
 from flower_dp.topology import make_topology
 
 D = 120_000
@@ -57,35 +59,48 @@ def test_reproducible_noise_is_deterministic_and_secret_noise_differs_between_ru
 
 @pytest.mark.parametrize("d", [1, 5, 15, 16, 17, 1000, 101_770])
 def test_out_buffer_draws_the_same_numbers(d):
-    """gaussian_noise(..., out=buf) == gaussian_noise(...) bit for bit, for torch's small and vectorised paths;
-    in both key modes' streams; std = 0 zeroes the buffer and draws nothing."""
+    """gaussian_noise(..., out=buf) == gaussian_noise(...) bit for bit, in both key modes' streams; std = 0 zeroes
+    the buffer and draws nothing."""
     for key in (node_secret(True, 7), node_secret(False, 7)):
         buf = torch.full((d,), float("nan"))
-        got = gaussian_noise(d, 0.37, torch_generator(key, 2, "noise", 5), out=buf)
+        got = gaussian_noise(d, 0.37, noise_generator(key, 2, 5), out=buf)
         assert got is buf
-        assert torch.equal(got, gaussian_noise(d, 0.37, torch_generator(key, 2, "noise", 5)))
-    gen = torch_generator(1, 0, "noise", 0)
+        assert torch.equal(got, gaussian_noise(d, 0.37, noise_generator(key, 2, 5)))
+    gen = noise_generator(1, 0, 0)
     assert torch.equal(gaussian_noise(d, 0.0, gen, out=buf), torch.zeros(d))
-    assert torch.equal(torch.randn(4, generator=gen), torch.randn(4, generator=torch_generator(1, 0, "noise", 0)))
+    assert np.array_equal(gen.standard_normal(4), noise_generator(1, 0, 0).standard_normal(4))  # nothing drawn
 
 
 def test_out_buffer_of_the_wrong_shape_or_dtype_is_refused():
-    gen = torch_generator(1, 0, "noise", 0)
+    gen = noise_generator(1, 0, 0)
     with pytest.raises(ValueError, match="out must be a contiguous"):
         gaussian_noise(10, 1.0, gen, out=torch.empty(9))
     with pytest.raises(ValueError, match="got shape"):
         gaussian_noise(10, 1.0, gen, out=torch.empty(10, dtype=torch.float64))
 
 
-def test_noise_is_drawn_in_float64_so_its_tail_is_not_cut_at_5_77_std():
+def test_noise_is_drawn_in_float64_so_its_tail_is_not_cut():
     """torch's float32 sampler builds a draw from a 24-bit uniform: |z| <= sqrt(2 ln 2^24) = 5.77, a cut tail the
-    Gaussian accountants do not charge.  The noise is drawn in float64 (53-bit uniforms, cut at 8.57) and rounded."""
+    Gaussian accountants do not charge.  The noise is numpy's float64 ziggurat (tail by exponential rejection from
+    53-bit uniforms: |z| <= r + 53 ln 2 / r = 13.7, r = 3.654), times std in float64, then rounded."""
     from flower_dp.mechanisms.noise import TAIL_CUT_STD
 
-    assert math.sqrt(2 * 24 * math.log(2)) < 5.78 and abs(math.sqrt(2 * 53 * math.log(2)) - TAIL_CUT_STD) < 0.01
-    got = gaussian_noise(4096, 0.7, torch.Generator().manual_seed(3))
-    ref = torch.randn(4096, generator=torch.Generator().manual_seed(3), dtype=torch.float64).mul_(0.7).float()
+    r = 3.6541528853610088  # numpy's ziggurat_nor_r
+    assert math.sqrt(2 * 24 * math.log(2)) < 5.78 and abs(r + 53 * math.log(2) / r - TAIL_CUT_STD) < 0.01
+    got = gaussian_noise(4096, 0.7, noise_generator(3, 0, 0))
+    ref = torch.from_numpy(noise_generator(3, 0, 0).standard_normal(4096) * 0.7).float()
     assert got.dtype == torch.float32 and torch.equal(got, ref)
-    assert not torch.equal(got, torch.randn(4096, generator=torch.Generator().manual_seed(3)).mul_(0.7))
     buf = torch.empty(4096)
-    assert torch.equal(gaussian_noise(4096, 0.7, torch.Generator().manual_seed(3), out=buf), ref)
+    assert torch.equal(gaussian_noise(4096, 0.7, noise_generator(3, 0, 0), out=buf), ref)
+    f64 = gaussian_noise(4096, 0.7, noise_generator(3, 0, 0), dtype=torch.float64)
+    assert f64.dtype == torch.float64 and torch.equal(f64.float(), ref)
+
+
+def test_the_tail_beyond_5_77_std_is_there():
+    """2e7 draws: P(|Z| > 5.5) = 3.8e-8 gives 0.76 expected; P(|Z| > 4.5) = 6.8e-6 gives 136 (a float32 Box-Muller
+    already thins this region).  The count beyond 4.5 std is within 5 SE of N(0, 1)'s."""
+    z = np.concatenate([gaussian_noise(2_000_000, 1.0, noise_generator(11, 0, k), dtype=torch.float64).numpy()
+                        for k in range(10)])
+    n45 = int((np.abs(z) > 4.5).sum())
+    expect = z.size * 2 * stats.norm.sf(4.5)
+    assert abs(n45 - expect) < 5 * math.sqrt(expect), (n45, expect)

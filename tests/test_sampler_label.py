@@ -9,7 +9,7 @@ import math
 import shutil
 from pathlib import Path
 
-from flower_dp.mechanisms.noise import GAUSSIAN_SAMPLER
+from flower_dp.mechanisms.noise import GAUSSIAN_SAMPLER, PROVEN_SAMPLERS
 from flower_dp.reproduce import rerender, sampler_label
 from flower_dp.reproduce.core import FLOAT32_SAMPLER_NOTE, RunSpec, _committed_record, config_sha, unproven_sampler
 from flower_dp.rng import noise_record
@@ -18,7 +18,7 @@ RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results"
 
 
 def test_results_name_the_float64_sampler():
-    assert GAUSSIAN_SAMPLER == "torch-float64"
+    assert GAUSSIAN_SAMPLER == "numpy-float64" and GAUSSIAN_SAMPLER in PROVEN_SAMPLERS
     assert noise_record(False)["gaussian_sampler"] == noise_record(True)["gaussian_sampler"] == GAUSSIAN_SAMPLER
 
 
@@ -99,7 +99,22 @@ def test_a_checkpoint_from_before_the_float64_sampler_is_not_resumed(tmp_path):
 
     RunRecorder(tmp_path, identity={"config": {"a": 1}}).save_checkpoint({"k": 5})  # written before the field
     now = RunRecorder(tmp_path, identity={"config": {"a": 1}, **sampler_identity()}, refusals=SAMPLER_REFUSAL)
-    with pytest.raises(CheckpointError, match="torch-float32.*torch-float64.*start the run again"):
+    with pytest.raises(CheckpointError, match="torch-float32.*numpy-float64.*unproven; start the run again"):
         now.load_checkpoint()
     now.save_checkpoint({"k": 6})
     assert now.load_checkpoint()["k"] == 6
+
+
+def test_a_checkpoint_of_the_torch_float64_sampler_is_proven_but_not_mixed(tmp_path):
+    """A run's noise comes from one sampler: a torch-float64 checkpoint (proven) is not resumed under numpy-float64,
+    and the message says why without calling that noise unproven."""
+    import pytest
+
+    from flower_dp.errors import CheckpointError
+    from flower_dp.recorder import SAMPLER_REFUSAL, RunRecorder, sampler_identity
+
+    RunRecorder(tmp_path, identity={"config": {"a": 1}, "gaussian_sampler": "torch-float64"}).save_checkpoint({"k": 5})
+    now = RunRecorder(tmp_path, identity={"config": {"a": 1}, **sampler_identity()}, refusals=SAMPLER_REFUSAL)
+    with pytest.raises(CheckpointError, match="torch-float64.*numpy-float64: a run's noise comes from one sampler") as e:
+        now.load_checkpoint()
+    assert "unproven" not in str(e.value)

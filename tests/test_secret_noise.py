@@ -18,7 +18,8 @@ import torch
 import flower_dp.rng as rng
 from flower_dp.clients import registry
 from flower_dp.experiments import config_from_dict, run_experiment
-from flower_dp.rng import NodeKey, node_secret, noise_record, numpy_rng, torch_generator
+from flower_dp.mechanisms.noise import gaussian_noise
+from flower_dp.rng import NodeKey, node_secret, noise_generator, noise_record, numpy_rng, torch_generator
 from flower_dp.topology import make_topology
 
 #: a known "secret" for the leak test: 256 bits with no run of zero bytes (so its forms are distinctive)
@@ -65,6 +66,7 @@ def test_node_secret_is_fresh_hidden_and_the_reproducible_key_is_the_seed():
     # the reproducible key draws exactly the streams of the seed (committed results and backend tests stay valid)
     assert torch.equal(torch.randn(5, generator=torch_generator(r, 2, "noise", 7)),
                        torch.randn(5, generator=torch_generator(3, 2, "noise", 7)))
+    assert np.array_equal(noise_generator(r, 2, 7).standard_normal(5), noise_generator(3, 2, 7).standard_normal(5))
     assert numpy_rng(r, 1, "data", 4).random() == numpy_rng(3, 1, "data", 4).random()
     # the node-local round trip (a relay node's context.state) and pickling keep the key
     assert NodeKey.from_bytes(a.to_bytes()) == a and pickle.loads(pickle.dumps(a)) == a
@@ -80,8 +82,7 @@ def test_plan_carries_the_mode_and_nodes_draw_from_their_own_secret():
     assert not torch.equal(n1.sample_poisson(0, 16), n2.sample_poisson(0, 16))
     assert torch.equal(n1.gaussian(0, 1.0, 50), n1.gaussian(0, 1.0, 50))  # a node redraws its own k exactly
     # nor do they equal the public seed's stream
-    assert not torch.equal(n1.gaussian(0, 1.0, 50),
-                           torch.randn(50, generator=torch_generator(plan.seed, 0, "noise", 0)))
+    assert not torch.equal(n1.gaussian(0, 1.0, 50), gaussian_noise(50, 1.0, noise_generator(plan.seed, 0, 0)))
     rep = _plan(reproducible=True)
     assert rep.summary()["noise"]["mode"] == "reproducible"
     r1, r2 = _node(rep), _node(rep)
@@ -226,7 +227,7 @@ def test_the_secret_reaches_no_file_log_or_repr(tmp_path, monkeypatch, caplog, c
     assert all(nd._private_key._value == KNOWN for nd in res.nodes)  # the hook took: every node holds KNOWN
     # the noise really came from it
     nd = res.nodes[0]
-    assert torch.equal(nd.gaussian(0, 1.0, 8), torch.randn(8, generator=torch_generator(KNOWN, 0, "noise", 0)))
+    assert torch.equal(nd.gaussian(0, 1.0, 8), gaussian_noise(8, 1.0, noise_generator(KNOWN, 0, 0)))
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert {p.name for p in files} >= {"results.json", "history.csv", "checkpoint.pt"}
     blobs = {p.name: p.read_bytes() for p in files}

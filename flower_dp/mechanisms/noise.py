@@ -1,7 +1,8 @@
-"""Gaussian and Laplace noise vectors drawn from an explicit ``torch.Generator``.
+"""Gaussian and Laplace noise vectors drawn from an explicit generator.
 
-STYLE.md 2.10: randomness is always passed in.  Derive the generator with
-``flower_dp.rng.torch_generator(key, node, "noise", k)``, ``key`` the node's private key
+STYLE.md 2.10: randomness is always passed in.  Gaussian noise: derive the generator with
+``flower_dp.rng.noise_generator(key, node, k)`` (a numpy ``Generator``), Laplace noise with
+``flower_dp.rng.torch_generator(key, node, "noise", k)``; ``key`` is the node's private key
 (``node_secret(plan.reproducible, plan.seed)``: a secret from OS entropy, or the seed in the
 reproducible simulation mode, where every backend draws the same noise), so nodes/iterations are
 independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute the noise.
@@ -9,19 +10,37 @@ independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import torch
 
 from flower_dp._checks import check_int, check_nonnegative
 
-__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD", "GAUSSIAN_SAMPLER"]
+__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD", "GAUSSIAN_SAMPLER", "PROVEN_SAMPLERS"]
 
-#: The largest |draw| / std :func:`gaussian_noise` can produce: Box-Muller over 53-bit uniforms, sqrt(2 ln 2^53).
-#: The Gaussian accountants assume an untruncated tail; the mass they miss per release is at most
-#: ``q * P(Z > TAIL_CUT_STD - sensitivity / std)`` (about 1e-14 at noise multiplier 1), far below any delta used here.
-TAIL_CUT_STD = 8.57
-#: What results files record as the push-sum nodes' Gaussian sampler (``noise.gaussian_sampler``); results without it
-#: were drawn with torch's float32 sampler, cut at 5.77 std (before commit 4575d7e).
-GAUSSIAN_SAMPLER = "torch-float64"
+#: The largest |draw| / std :func:`gaussian_noise` can produce.  numpy's float64 ziggurat draws the tail beyond
+#: r = 3.654 by exact exponential rejection from 53-bit uniforms, so no draw exceeds r + 53 ln 2 / r = 13.7; the
+#: tail mass it misses is ~1e-42 per coordinate (torch's float64 Box-Muller, the sampler before, stopped at
+#: sqrt(2 ln 2^53) = 8.57, ~1e-17; its float32 one at 5.77).  The Gaussian accountants assume an untruncated
+#: tail; what they miss per release, ``q * P(Z > TAIL_CUT_STD - sensitivity / std)``, is far below any delta.
+TAIL_CUT_STD = 13.7
+#: What results files record as the push-sum nodes' Gaussian sampler (``noise.gaussian_sampler``).  Records without
+#: it were drawn with torch's float32 sampler, cut at 5.77 std (before commit 4575d7e); ``"torch-float64"`` records
+#: with torch's float64 Box-Muller (4575d7e until the switch to numpy's float64 ziggurat, issue 16: 2.3x faster).
+GAUSSIAN_SAMPLER = "numpy-float64"
+#: Samplers whose draws the Gaussian accountants' proofs cover (tail intact to ~1e-17 or better).
+PROVEN_SAMPLERS = ("torch-float64", "numpy-float64")
+
+_SCRATCH = threading.local()  # one float64 draw buffer per thread (Ray host actors step nodes in threads)
+
+
+def _scratch(d: int) -> np.ndarray:
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.shape[0] < d:
+        buf = np.empty(max(d, 1), dtype=np.float64)
+        _SCRATCH.buf = buf
+    return buf[:d]
 
 
 def _check_gen(generator, device) -> None:
@@ -38,14 +57,15 @@ def _check_gen(generator, device) -> None:
 
 
 def gaussian_noise(
-    d: int, std: float, generator: torch.Generator, *, dtype: torch.dtype = torch.float32, device="cpu",
+    d: int, std: float, generator: np.random.Generator, *, dtype: torch.dtype = torch.float32, device="cpu",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """i.i.d. ``N(0, std^2)`` noise.
 
-    torch's own sampler (on the CPU: Box-Muller over the generator's mt19937 stream) in float64, then rounded to
-    ``dtype``: float32 draws are cut at 5.77 std (24-bit uniforms), float64 draws at 8.57 std; see
-    :data:`TAIL_CUT_STD`.  ``out`` gives the same numbers as a new tensor, bit for bit (tested on the CPU).
+    numpy's float64 ziggurat (``Generator.standard_normal``: 256 layers at 51-bit resolution, the tail by exact
+    exponential rejection), times ``std`` in float64, then rounded to ``dtype`` (see :data:`TAIL_CUT_STD`).  Drawn
+    on the CPU whatever ``device`` (the same numbers on every device), then moved.  ``out`` gives the same numbers
+    as a new tensor, bit for bit.
 
     Parameters
     ----------
@@ -54,8 +74,8 @@ def gaussian_noise(
     std : float
         Standard deviation per coordinate (>= 0), in the units of the vector it is added to.
         ``std == 0`` returns zeros and draws nothing from ``generator``.
-    generator : torch.Generator
-        On the same device type as ``device``.
+    generator : numpy.random.Generator
+        The node's noise stream: ``flower_dp.rng.noise_generator(key, node, k)``.
     out : Tensor, shape (d,), optional
         Contiguous buffer of ``dtype`` on ``device`` to draw into (overwritten and returned).
 
@@ -71,15 +91,21 @@ def gaussian_noise(
                          f"{out.dtype} on {out.device}; pass a buffer of the noise's shape")
     if std == 0.0:
         return torch.zeros(d, dtype=dtype, device=device) if out is None else out.zero_()
-    _check_gen(generator, device)
-    # Drawn in float64 whatever ``dtype``: torch's float32 sampler builds each draw from a 24-bit uniform, so no draw
-    # exceeds sqrt(2 ln 2^24) = 5.77 std (the tail beyond it is missing and thinned before it), an output region that
-    # a neighbouring input reaches and this one cannot: a delta no Gaussian accountant charges.  float64 draws use
-    # 53-bit uniforms, so the cut is at sqrt(2 ln 2^53) = 8.57 std (tail mass 1e-17 per coordinate).
-    noise = torch.randn(d, generator=generator, dtype=torch.float64, device=device).mul_(std)
-    if out is None:
-        return noise if dtype == torch.float64 else noise.to(dtype)
-    return out.copy_(noise)  # what the new tensor holds, bit for bit
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(f"generator must be a numpy.random.Generator, got {type(generator).__name__}; use "
+                        "flower_dp.rng.noise_generator(key, node, k) with key = node_secret(...)")
+    # float64 whatever ``dtype``: a float32 sampler cuts the tail (torch's at 5.77 std, from 24-bit uniforms), an
+    # output region a neighbouring input reaches and this one cannot: a delta no Gaussian accountant charges.
+    z = _scratch(d)
+    generator.standard_normal(out=z)
+    z *= std
+    if out is not None and out.device.type == "cpu":
+        np.copyto(out.numpy(), z, casting="same_kind")  # rounded to out's dtype, as .to(dtype) rounds
+        return out
+    t = torch.from_numpy(z).to(dtype=dtype, copy=True)  # own memory (z is this thread's scratch buffer)
+    if torch.device(device).type != "cpu":
+        t = t.to(device)
+    return t if out is None else out.copy_(t)
 
 
 def laplace_noise(
