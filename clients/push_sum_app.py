@@ -199,6 +199,22 @@ def _spawn(path: Path, parent_pid: int, idle_s: float) -> subprocess.Popen:
         log.close()
 
 
+def _start(path: Path, parent_pid: int, idle_s: float) -> socket.socket:
+    """Start a worker on ``path`` and connect to it once it listens (the caller holds the key's lock)."""
+    proc = _spawn(path, parent_pid, idle_s)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            return _connect(path)
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = path.with_suffix(".log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the flower-dp node worker did not start (exit code {proc.poll()}; log "
+                                   f"{path.with_suffix('.log')}):\n{tail}\nSet {ENV}=0 to run each message in its "
+                                   "own process") from None
+            time.sleep(0.05)
+
+
 def call_worker(key: str, request: dict[str, Any], *, parent_pid: int | None = None,
                 idle_s: float | None = None) -> dict[str, Any]:
     """Send ``request`` to the node worker named ``key`` (started first if none listens) and return its reply.
@@ -216,21 +232,9 @@ def call_worker(key: str, request: dict[str, Any], *, parent_pid: int | None = N
         with open(d / f"node-{name}.lock", "a") as lock:  # one starter per key
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                sock = _connect(path)
+                sock = _connect(path)  # another ClientApp started it meanwhile
             except OSError:
-                proc = _spawn(path, os.getppid() if parent_pid is None else parent_pid, idle)
-                deadline = time.monotonic() + START_TIMEOUT_S
-                while True:
-                    try:
-                        sock = _connect(path)
-                        break
-                    except OSError:
-                        if proc.poll() is not None or time.monotonic() > deadline:
-                            tail = path.with_suffix(".log").read_text(errors="replace")[-3000:]
-                            raise RuntimeError(f"the flower-dp node worker did not start (exit code {proc.poll()}; "
-                                               f"log {path.with_suffix('.log')}):\n{tail}\nSet {ENV}=0 to run each "
-                                               "message in its own process") from None
-                        time.sleep(0.05)
+                sock = _start(path, os.getppid() if parent_pid is None else parent_pid, idle)
     with sock:
         _send(sock, request)
         reply = _recv(sock)

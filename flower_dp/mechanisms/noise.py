@@ -32,7 +32,7 @@ GAUSSIAN_SAMPLER = "numpy-float64"
 #: Samplers whose draws the Gaussian accountants' proofs cover (tail intact to ~1e-17 or better).
 PROVEN_SAMPLERS = ("torch-float64", "numpy-float64")
 
-_SCRATCH = threading.local()  # one float64 draw buffer per thread (Ray host actors step nodes in threads)
+_SCRATCH = threading.local()  # one float64 draw buffer per thread, grown to the largest d drawn there
 
 
 def _scratch(d: int) -> np.ndarray:
@@ -99,13 +99,10 @@ def gaussian_noise(
     z = _scratch(d)
     generator.standard_normal(out=z)
     z *= std
-    if out is not None and out.device.type == "cpu":
-        np.copyto(out.numpy(), z, casting="same_kind")  # rounded to out's dtype, as .to(dtype) rounds
-        return out
-    t = torch.from_numpy(z).to(dtype=dtype, copy=True)  # own memory (z is this thread's scratch buffer)
-    if torch.device(device).type != "cpu":
-        t = t.to(device)
-    return t if out is None else out.copy_(t)
+    draw = torch.from_numpy(z)
+    if out is not None:
+        return out.copy_(draw)  # rounded to out's dtype as .to(dtype) rounds: the new tensor's numbers, bit for bit
+    return draw.to(device=device, dtype=dtype, copy=True)  # own memory (z is this thread's scratch buffer)
 
 
 def laplace_noise(
