@@ -17,8 +17,9 @@ arXiv 2210.00038, book-keeping; Li et al. arXiv 2110.05679 ghost norms):
 
    - Linear ``(B, in)``: ``||a_s||^2 ||g_s||^2``; with token dims ``(B, T, in)`` the Gram form
      ``sum_{t,t'} (a_t.a_t')(g_t.g_t')`` or the materialised ``g_s^T a_s``, whichever is cheaper.
-   - Conv2d: patches ``U_s = unfold(a_s)`` ``(k, L)``; materialised ``g_s U_s^T`` (small for
-     convs) or the Gram form over the ``L`` positions, whichever is cheaper.
+   - Conv2d: patches ``U_s = unfold(a_s)`` ``(k, L)`` (one strided copy); materialised ``U_s g_s^T``
+     (small for convs) or the Gram form over the ``L`` positions, whichever is cheaper; with few
+     input channels, the per-sample gradients as one grouped conv instead (no patches).
    - GroupNorm / LayerNorm: per-sample weight/bias gradients are tiny and materialised
      (``sum g * x_hat``, ``sum g``).
    - Embedding: Gram form with an index-equality mask.
