@@ -80,3 +80,24 @@ def test_rules_match_by_class_then_base_class_and_respect_supports():
         register_ghost_rule(int, _scale_rule)
     with pytest.raises(KeyError, match="no ghost rule is registered"):
         unregister_ghost_rule(_Scale)
+
+
+@pytest.mark.parametrize("kernel", [(1, 1), (3, 3), (5, 3), (2, 4)])
+@pytest.mark.parametrize("dilation", [(1, 1), (2, 1), (2, 3)])
+@pytest.mark.parametrize("padding", [0, 1, (2, 1)])
+@pytest.mark.parametrize("stride", [(1, 1), (2, 2), (3, 1)])
+def test_strided_unfold_equals_torch_unfold(kernel, dilation, padding, stride):
+    """The Conv2d rule's im2col (one strided copy) gives ``F.unfold``'s numbers bit for bit, also for a
+    non-contiguous input and one with a storage offset."""
+    from flower_dp.mechanisms.ghost_rules import _unfold
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(5, 4, 13, 11, generator=g)
+    for x in (base[:3], base.transpose(2, 3), base[2:]):
+        try:
+            ref = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)
+        except RuntimeError:  # kernel larger than the padded input: both refuse
+            with pytest.raises(RuntimeError):
+                _unfold(x, kernel, dilation, padding, stride)
+            continue
+        assert torch.equal(_unfold(x, kernel, dilation, padding, stride), ref)
