@@ -75,3 +75,29 @@ def test_cli_registers_bench_and_rejects_unknown_benchmark():
         parser.parse_args(["bench", "--only", "nonsense"])
     with pytest.raises(ValueError, match="unknown benchmark"):
         benchmarks.run_suite(quick=True, only=("nonsense",))
+
+
+def test_summary_judges_every_goal_from_the_runs(quick_doc):
+    """``python -m benchmarks.summary``: one line per figure, each goal judged on every run's figure (by the
+    median where the goal says so), never hard-coded; a figure the run did not measure is "not measured"."""
+    import copy
+    import importlib
+
+    summary = importlib.import_module(benchmarks.__name__ + ".summary")
+    table = summary.summarize([quick_doc, quick_doc])
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(summary.rows_for())
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    # --quick --skip-ray: the Ray and engine figures are null, so their goals are not judged
+    assert "| `engine_overhead_ratio` | - / - | - / - |" in table and "not measured" in table
+
+    good, bad = copy.deepcopy(quick_doc), copy.deepcopy(quick_doc)
+    good["accounting_seconds_30000"], bad["accounting_seconds_30000"] = 0.5, 7.0
+    good["details"]["accounting"]["long"]["median_seconds"] = 0.6
+    bad["details"]["accounting"]["long"]["median_seconds"] = 8.0
+    row = next(r for r in summary.GOALS if r.label == "accounting_seconds_30000")
+    line = lambda docs: next(x for x in summary.summarize(docs).splitlines() if f"`{row.label}`" in x)  # noqa: E731
+    assert line([good, good]).endswith("| < 3 s | yes |")
+    assert line([good, bad]).endswith("| in 1 of 2 runs |")
+    assert line([bad, bad]).endswith("| **no** |")
+    assert "0.50 s / 0.60 s | 7.00 s / 8.00 s | 6.5 / 7.4 |" in line([good, bad])
