@@ -81,6 +81,10 @@ class DPPSParams(PEDFLParams):
     split : "partpsp1" | "partpsp2" | "all" (SGPDP);  model_name : for ``shared_parameter_names``
     sensitivity : "estimate" (eq. 22) or "real" (oracle max pairwise L1, Table 2)
     estimator_state : "network_max" (code default) or "own" (eq. 22 literally)
+    reset_floor : in a reset round (k = 0 and the round after each sync) contribute at least 2 ||eps_i||_1, so the
+        network S >= 2 max_i ||eps_i||_1 (spec 8 item 5 [decision]: the real sensitivity of equal s_i is
+        max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1, which the reset value 2 C' max_i ||eps_i||_1 misses
+        when C' < 1).  Off by default: the paper's and the code's estimator.
     measure_real : also measure the real sensitivity each round (diagnostic, O(n^2 d_s) at the backend)
     """
 
@@ -91,6 +95,7 @@ class DPPSParams(PEDFLParams):
     model_name: str = "partpsp_mlp"
     sensitivity: str = "estimate"
     estimator_state: str = "network_max"
+    reset_floor: bool = False
     measure_real: bool = False
 
     def problems(self) -> list[str]:
@@ -99,6 +104,8 @@ class DPPSParams(PEDFLParams):
             out.append(f"sensitivity must be 'estimate' or 'real', got {self.sensitivity!r}")
         if self.estimator_state not in ("network_max", "own"):
             out.append(f"estimator_state must be 'network_max' or 'own', got {self.estimator_state!r}")
+        if not isinstance(self.reset_floor, bool):
+            out.append(f"reset_floor must be True or False, got {self.reset_floor!r}")
         if self.split not in ("partpsp1", "partpsp2", "all"):
             out.append(f"split must be 'partpsp1', 'partpsp2' or 'all', got {self.split!r}")
         return out
@@ -208,6 +215,8 @@ class DPPSNode(PushSumNode):
         pert_l1 = float(pert.abs().sum())
         if self._reset(k):                                                  # eq. (22), init term dropped (3.3)
             self.S_i = 2 * p.c_prime * pert_l1
+            if p.reset_floor:                                               # spec 8.5 safe floor: equal s_i ->
+                self.S_i = max(self.S_i, 2 * pert_l1)                       # real <= 2 max_i ||eps_i||_1
         else:
             self.S_i = p.lam * self.S_prev + 2 * p.c_prime * (pert_l1 + p.lam * p.gamma_n * self.L1_prev)
         self._metrics = {**stats, "clip_fraction": float(float(raw.abs().sum()) > self.plan.clip[self.node_id][k]),

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
 
 from flower_dp.clients import registry
 from flower_dp.gossip import run_iteration
@@ -170,3 +173,91 @@ def test_partpsp_learns_with_large_b_and_degrades_with_small():
     big, small = _partpsp_loss(1e6), _partpsp_loss(0.5)
     assert big < 1.0, big
     assert small > big + 0.5, (small, big)
+
+
+def _spy_perturbations(nodes) -> dict[int, float]:
+    """Record each node's ||eps_i||_1 = ||gamma_s clip(g_s)||_1 as contribute computes it (last grad_mean call)."""
+    from flower_dp.clients.dpps import _l1_clip
+
+    seen: dict[int, float] = {}
+    for nd in nodes:
+        orig = nd.grad_mean
+
+        def spy(*a, _nd=nd, _orig=orig, **kw):
+            g, stats = _orig(*a, **kw)
+            shared = _l1_clip(g[_nd.shared_idx], float(_nd.plan.clip[_nd.node_id][a[-1]]))
+            seen[_nd.node_id] = float((-_nd.params.lr * shared).abs().sum())
+            return g, stats
+
+        nd.grad_mean = spy
+    return seen
+
+
+@pytest.mark.parametrize("c_prime", [0.78, 1.2])
+def test_reset_floor_raises_reset_rounds_to_twice_the_largest_perturbation(c_prime):
+    """Spec 8.5 [decision] safe floor: in a reset round (k = 0 and the round after each sync, k % 5 == 0) the
+    network S = max(2 C' max_i ||eps_i||_1, 2 max_i ||eps_i||_1); the other rounds keep eq. (22) unchanged."""
+    K = 12
+    topo, nodes = mlp_nodes("partpsp1", dict(MLP, c_prime=c_prime, reset_floor=True), K=K)
+    seen = _spy_perturbations(nodes)
+    lifted = 0
+    for k in range(K):
+        prev = [(nd.S_prev, nd.L1_prev) for nd in nodes]
+        log = run_iteration(nodes, k, receivers=topo.out_neighbors)
+        e = max(seen.values())
+        if k % 5 == 0:
+            assert nodes[0]._reset(k)
+            assert log.reduced["S"] == pytest.approx(max(2 * c_prime * e, 2 * e), rel=1e-12), k
+            lifted += log.reduced["S"] > 2 * c_prime * e * (1 + 1e-9)
+        else:  # eq. (22), network-max state: lambda S^(k-1) + 2C'(||eps_i||_1 + lambda gamma_n ||n_i^(k-1)||_1)
+            want = max(MLP["lam"] * sp + 2 * c_prime * (seen[nd.node_id] + MLP["lam"] * MLP["gamma_n"] * l1)
+                       for nd, (sp, l1) in zip(nodes, prev))
+            assert log.reduced["S"] == pytest.approx(want, rel=1e-12), k
+    assert lifted == (3 if c_prime < 1 else 0)  # the floor binds exactly when C' < 1
+
+
+def test_reset_floor_is_validated_and_off_by_default():
+    from flower_dp.clients.dpps import DPPSParams
+
+    assert DPPSParams().reset_floor is False
+    assert any("reset_floor must be True or False, got 'yes'" in p for p in DPPSParams(reset_floor="yes").problems())
+
+
+@lru_cache(maxsize=1)
+def _floor_nodes():
+    return mlp_nodes("partpsp1", dict(MLP, reset_floor=True), K=6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(["independent", "opposite", "disjoint", "one_large"]),
+       s_scale=st.sampled_from([0.0, 1e-2, 1.0]), k=st.sampled_from([0, 5]))
+def test_reset_floor_bounds_the_real_sensitivity_of_equal_states(seed, mode, s_scale, k):
+    """Spec 8.5: with every s_i equal (k = 0 from one init, or right after a sync), the real sensitivity
+    max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1 <= the floored S, for any perturbations: independent,
+    pairwise opposite (where 2 C' max ||eps||_1 with C' = 0.78 falls below), disjoint supports (the bound is
+    tight), one node far larger.  Tolerance: the float32 rounding of s + eps (2^-23 per coordinate)."""
+    from flower_dp.gossip import reduce_contributions
+
+    topo, nodes = _floor_nodes()
+    gen = torch.Generator().manual_seed(seed)
+    d_full, d_s = nodes[0].d_full, nodes[0].x.numel()
+    s = s_scale * torch.randn(d_s, generator=gen)
+    grads = [torch.randn(d_full, generator=gen) * float(torch.rand(1, generator=gen) * 10) for _ in nodes]
+    if mode == "opposite":  # g0, -g0, g1, -g1, g0: the largest perturbation always has its negative beside it
+        n_pairs = len(nodes) // 2
+        grads = [grads[(i // 2) % n_pairs] * (1 if i % 2 == 0 else -1) for i in range(len(nodes))]
+    elif mode == "disjoint":
+        owner = torch.randint(0, len(nodes), (d_full,), generator=gen)
+        grads = [torch.where(owner == i, grads[0].abs() + 0.1, 0.0) for i in range(len(nodes))]
+    elif mode == "one_large":
+        grads[0] = grads[0] * 1e3
+    for nd, g in zip(nodes, grads):
+        nd.x = s.clone()
+        nd.grad_mean = lambda *a, _g=g, **kw: (_g, {})
+    reduced = reduce_contributions({nd.node_id: nd.contribute(k) for nd in nodes})
+    eps_l1 = [float((MLP["lr"] * g[nodes[0].shared_idx]).abs().sum()) for g in grads]
+    tol = 2.0 ** -22 * d_s * (float(s.abs().max()) + MLP["lr"] * max(float(g.abs().max()) for g in grads))
+    assert reduced["S"] == pytest.approx(2 * max(eps_l1), rel=1e-5)
+    assert reduced["S_real"] <= reduced["S"] + tol, (mode, reduced)
+    if mode == "opposite":  # the unfloored reset value misses it: real = 2 max ||eps||_1 > 2 C' max ||eps||_1
+        assert reduced["S_real"] > 2 * MLP["c_prime"] * max(eps_l1)

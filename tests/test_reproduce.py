@@ -383,3 +383,35 @@ def test_partpsp_table2_full_grid_and_its_aggregate_claims():
     assert best.passed and best.detail == "24 of 24 cells"
     assert [c for n, c in claims.items() if n.startswith("mean private accuracy")][0].passed
     assert claims["PEDFL: privacy costs accuracy (NoDP > b = 3)"].detail == "NoDP above b = 3 in 8 of 8 cells"
+
+
+def test_partpsp_fig2_diag_builds_runs_and_answers_at_smoke(tmp_path):
+    """``fig2-diag`` (issue 15): table2's Fig. 2 runs with the reset-round floor off and on.  Whatever the draws:
+    with the floor no reset round is below the real sensitivity (b); without it est/real >= C' there (a'); the
+    report's "why" section gets the conclusion drawn from the records."""
+    from flower_dp.reproduce import _with_noise_mode
+
+    paper = get_paper("partpsp")
+    specs = paper.build_runs("smoke", "fig2-diag", [0])
+    assert sorted(s.run_id for s in specs) == sorted(f"fig2diag-PartPSP-{v}-EXP-floor-{f}-s0" for v in (1, 2)
+                                                     for f in ("off", "on"))
+    assert {s.config["algorithm"]["params"]["reset_floor"] for s in specs} == {False, True}
+    fig2 = {s.labels["algorithm"]: s.config for s in paper.build_runs("smoke", "table2", [0])
+            if s.labels["figure"] == "fig2"}
+    for s in specs:  # table2's Fig. 2 runs, with reset_floor added; nothing else differs but the run's name
+        want = json.loads(json.dumps(fig2[s.labels["algorithm"]]))
+        want["algorithm"]["params"]["reset_floor"] = s.labels["floor"] == "on"
+        want["run"]["name"] = s.config["run"]["name"]
+        assert s.config == want, s.run_id
+    sub = _subset(paper, lambda s: s.labels.get("algorithm") == "PartPSP-1")
+    runs = [_with_noise_mode(s, True) for s in sub.build_runs("smoke", "fig2-diag", [0])]
+    recs = run_sweep(sub, runs, tmp_path, log=lambda *_: None)
+    assert len(recs) == 2 and all(len(r["history"]) == 6 for r in recs)
+    claims = {c.name[:4]: c for c in sub.check_claims(recs, "fig2-diag", "smoke")}
+    assert set(claims) == {"(a) ", "(a')", "(b) ", "(c) "}
+    assert claims["(a')"].passed and claims["(b) "].passed, [c.detail for c in claims.values()]
+    assert "1 pairs" in claims["(c) "].detail
+    lines, plots = sub.render(recs, "fig2-diag", "smoke", tmp_path)
+    assert plots == ["est_over_real.png"] and any("floor" in ln for ln in lines)
+    why = sub.findings(recs, "fig2-diag", "smoke")
+    assert why[0].startswith("Conclusion: the estimator with C' < 1") and any("safe floor" in w for w in why)

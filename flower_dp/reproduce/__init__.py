@@ -356,6 +356,8 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         lines.append(f"| {c.name} | {verdict} | {c.detail} |")
     lines += ["", "## Why our numbers differ from the paper's", ""]
     lines += [f"- {d}" for d in p.differences(meta["table"], settings_scale(meta["scale"]))]
+    if p.findings is not None:
+        lines += [f"- {d}" for d in p.findings(records, meta["table"], settings_scale(meta["scale"]))]
     if plots:
         lines += ["", "## Plots", ""]
         lines += [f"![{name}]({name})" for name in plots]

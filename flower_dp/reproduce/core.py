@@ -123,6 +123,9 @@ class Paper:
         field(default_factory=dict)
     """kind -> (cut, work) for the CPU-hour estimate of runs that are not push-sum runs: ``cut(config)`` is the
     config of a one-segment probe (e.g. one round) and ``work(config)`` a run's work in units of that probe"""
+    findings: Callable[[list[dict[str, Any]], str, str], list[str]] | None = None
+    """findings(records, table, scale) -> more lines for the report's "why" section, drawn from the records (a
+    diagnostic's conclusion in numbers); None: the ``differences`` lines only"""
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,9 @@ class Table:
     """render(records, scale, out) -> (markdown lines, written plot file names)"""
     differences: Callable[[str], list[str]]
     """differences(scale) -> one line per way our setting differs from the paper's"""
+    findings: Callable[[list[dict[str, Any]], str], list[str]] | None = None
+    """findings(records, scale) -> more "why" lines drawn from the records (e.g. a diagnostic's conclusion in
+    numbers), after the ``differences`` lines; None: none"""
 
 
 def bound_table(title: str, table: str, *, build: Callable, claims: Callable, render: Callable,
@@ -160,7 +166,9 @@ def paper_of_tables(*, name: str, title: str, tables: dict[str, Table], default_
         build_runs=lambda scale, table, seeds: tables[table].build(scale, seeds),
         check_claims=lambda records, table, scale: tables[table].claims(records, scale),
         render=lambda records, table, scale, out: tables[table].render(records, scale, out),
-        differences=lambda table, scale: tables[table].differences(scale), **kw)
+        differences=lambda table, scale: tables[table].differences(scale),
+        findings=lambda records, table, scale: (tables[table].findings(records, scale) if tables[table].findings
+                                                else []), **kw)
 
 
 # --------------------------------------------------------------------------------------------- running

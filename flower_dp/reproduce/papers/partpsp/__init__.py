@@ -6,14 +6,15 @@ DPPS's privacy is per node-message with an *estimated* sensitivity published in 
 eps is ``eps_heuristic`` (no DP proof, not record-level; ``eps_rigorous`` is null): the composition of its
 Laplace releases under the estimated sensitivity.
 
-One module per table: :mod:`.table2` (with Fig. 2), :mod:`.table3`, :mod:`.table4`, :mod:`.fig3`, :mod:`.fig4`;
+One module per table: :mod:`.table2` (with Fig. 2), :mod:`.fig2_diag` (why est < real in a few Fig. 2 rounds:
+the reset rounds, and the safe floor), :mod:`.table3`, :mod:`.table4`, :mod:`.fig3`, :mod:`.fig4`;
 :mod:`._shared` holds the algorithms, graphs, settings and run parameters they share.
 """
 
 from __future__ import annotations
 
 from ...core import paper_of_tables
-from . import fig3, fig4, table2, table3, table4
+from . import fig2_diag, fig3, fig4, table2, table3, table4
 from ._shared import PAPER_ROUNDS, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS
 from .fig3 import FIG3_DEG, FIG3_SPLITS, PAPER_FIG3
 from .fig4 import FIG4_CLIP, FIG4_DEG, FIG4_MODELS, FIG4_N, FIG4_ROUNDS, PAPER_FIG4, PAPER_FIG4_RESNET
@@ -31,7 +32,7 @@ __all__ = ["PAPER", "SETTINGS", "VARIANTS", "T2_MODELS", "T2_TOPOS", "PAPER_T2",
 PAPER = paper_of_tables(
     name="partpsp",
     title="DPPS / PartPSP: differentially private perturbed push-sum with partial sharing",
-    tables={"table2": table2.TABLE, "table3": table3.TABLE, "table4": table4.TABLE, "fig3": fig3.TABLE,
-            "fig4": fig4.TABLE},
+    tables={"table2": table2.TABLE, "fig2-diag": fig2_diag.TABLE, "table3": table3.TABLE, "table4": table4.TABLE,
+            "fig3": fig3.TABLE, "fig4": fig4.TABLE},
     default_table="table2",
 )

@@ -41,6 +41,8 @@ FIG2 = {"PartPSP-1": (0.78, 0.55), "PartPSP-2": (0.78, 0.62)}
 FIG2_RESNET = {"PartPSP-1": (0.86, 0.53, 0.1), "PartPSP-2": (0.78, 0.7, 1e-5)}
 FIG2_MODELS = {"smoke": ["MLP"], "ci": ["MLP"], "full": ["MLP", "ResNet-18"]}
 FIG2_TOPOS = {"smoke": ["EXP"], "ci": ["EXP"], "full": ["EXP", "2-Out"]}
+#: the Fig. 2 runs' sync period (spec 6.3: 5), which sets their estimator's reset rounds
+FIG2_SYNC = _params("partpsp", "partpsp1")["sync_period"]
 
 
 def _build_table2(scale: str, table: str, seeds: list[int]):
@@ -73,23 +75,48 @@ def _build_table2(scale: str, table: str, seeds: list[int]):
                             topology_kwargs=kw, algorithm=alg, params=params, **{**common, "model": m["model"]}))
         for mname in FIG2_MODELS[scale]:
             for topo_label in FIG2_TOPOS[scale]:
-                topo, kw = T2_TOPOS[topo_label]
                 for label in FIG2:
-                    alg, split = VARIANTS[label]
-                    if mname == "MLP":
-                        (c_prime, lam), extra = FIG2[label], {}
-                    else:
-                        c_prime, lam, lr = FIG2_RESNET[label]
-                        extra = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": T2_MODELS[mname]["model"]}
-                    cell = "" if (mname, topo_label) == ("MLP", "EXP") else f"-{mname}-{topo_label}"
-                    specs.append(pushsum_spec(
-                        f"fig2-{label}-esti{cell}", {"figure": "fig2", "algorithm": label, "b": "b5", "model": mname,
-                                                     "topology": topo_label}, seed=seed,
-                        num_iters=s["fig2_rounds"], eval_every=1, topology=topo, topology_kwargs=kw, algorithm=alg,
-                        checkpoint=False, params=_params(alg, split, b=5.0, c_prime=c_prime, lam=lam,
-                                                         sensitivity="estimate", measure_real=True, **extra),
-                        **{**common, "model": T2_MODELS[mname]["model"]}))
+                    specs.append(fig2_spec(scale, seed, mname, topo_label, label))
     return specs
+
+
+def fig2_spec(scale: str, seed: int, mname: str, topo_label: str, label: str, *, run_id: str | None = None,
+              labels: dict[str, Any] | None = None, **params: Any):
+    """One Fig. 2 run at ``scale``: ``label`` (PartPSP-1/-2) on ``mname`` / ``topo_label``, b = 5, the estimated
+    sensitivity (eq. 22) with the released logs' C', lambda, the real one measured every round (eval_every = 1);
+    ``params`` are added to its algorithm parameters (``fig2-diag``: ``reset_floor``)."""
+    s = SETTINGS[scale]
+    topo, kw = T2_TOPOS[topo_label]
+    alg, split = VARIANTS[label]
+    if mname == "MLP":
+        (c_prime, lam), extra = FIG2[label], {}
+    else:
+        c_prime, lam, lr = FIG2_RESNET[label]
+        extra = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": T2_MODELS[mname]["model"]}
+    cell = "" if (mname, topo_label) == ("MLP", "EXP") else f"-{mname}-{topo_label}"
+    return pushsum_spec(
+        run_id or f"fig2-{label}-esti{cell}",
+        labels or {"figure": "fig2", "algorithm": label, "b": "b5", "model": mname, "topology": topo_label},
+        seed=seed, num_iters=s["fig2_rounds"], eval_every=1, topology=topo, topology_kwargs=kw, algorithm=alg,
+        checkpoint=False, params=_params(alg, split, b=5.0, c_prime=c_prime, lam=lam, sensitivity="estimate",
+                                         measure_real=True, **extra, **params),
+        n_nodes=s["n"], model=T2_MODELS[mname]["model"], dataset="fashion_mnist",
+        samples_per_node=s["samples_per_node"], test_samples=s["test_samples"])
+
+
+def reset_round(k: int, sync_period: int = FIG2_SYNC) -> bool:
+    """Whether history row ``k`` of a per-round run (eval_every = 1) is a reset round of the estimator.
+
+    The runner writes row k after iterations ..., k - 1 (1-based rows: row k is iteration t = k - 1), and
+    ``DPPSNode`` resets eq. (22) to 2 C' ||eps_i||_1 at t = 0 and at every t % sync_period == 0: the first round
+    after a sync (iteration t is a sync round iff (t + 1) % sync_period == 0)."""
+    t = k - 1
+    return t == 0 or (sync_period > 0 and t % sync_period == 0)
+
+
+def below_real(rec: dict[str, Any], sync_period: int = FIG2_SYNC) -> list[tuple[int, float, float, bool]]:
+    """The rounds of ``rec`` whose estimated sensitivity is below the real one: (k, est, real, reset round)."""
+    return [(k, e, rl, reset_round(k, sync_period)) for k, e, rl in _sens_rows(rec) if e < rl]
 
 
 def _fig2_name(rec: dict[str, Any]) -> str:
@@ -174,11 +201,15 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
             claims.append(Claim(f"{_fig2_name(r)}: estimated sensitivity >= real every round", None,
                                 "no sensitivity recorded"))
             continue
-        bad = [(k, e, rl) for k, e, rl in rows if e < rl]
+        bad = below_real(r)
         ratio = min(e / rl for _, e, rl in rows if rl > 0) if any(rl > 0 for _, _, rl in rows) else float("nan")
+        where = (f" ({sum(x[3] for x in bad)} of them in a reset round, the first round after a sync: k = "
+                 f"{', '.join(str(x[0]) for x in bad if x[3]) or '-'}"
+                 + (f"; elsewhere k = {', '.join(str(x[0]) for x in bad if not x[3])}" if not all(x[3] for x in bad)
+                    else "") + ")" if bad else "")
         claims.append(Claim(
             f"{_fig2_name(r)} (seed {r['seed']}): estimated sensitivity >= real sensitivity every round",
-            not bad, f"{len(rows)} rounds, {len(bad)} below; min est/real = {fmt(ratio)}; mean real "
+            not bad, f"{len(rows)} rounds, {len(bad)} below{where}; min est/real = {fmt(ratio)}; mean real "
             f"{fmt(sum(x[2] for x in rows) / len(rows))}, mean est {fmt(sum(x[1] for x in rows) / len(rows))}"))
     return claims
 
@@ -240,8 +271,28 @@ def _render_table2(records, table: str, scale: str, out: Path):
     return lines, plots
 
 
+def _findings_table2(records, scale: str) -> list[str]:
+    """The "why" line on the Fig. 2 runs' below-real rounds: where they fall, and the ``fig2-diag`` diagnostic."""
+    fig2 = [r for r in records if r["labels"].get("figure") == "fig2" and _sens_rows(r)]
+    bad = [(r, x) for r in fig2 for x in below_real(r)]
+    if not bad:
+        return []
+    n_reset = sum(x[3] for _, x in bad)
+    reset_min = min(x[1] / x[2] for _, x in bad if x[3]) if n_reset else float("nan")
+    c_min = min(c for c, _ in FIG2.values())
+    bound = f"never below C' = {c_min:g}" if reset_min >= c_min else f"below C' = {c_min:g}, which the bound excludes"
+    return [f"Fig. 2 (estimated >= real every round): {len(bad)} rounds of the {len(fig2)} runs fall below, "
+            f"{n_reset} of them the first round after a sync, where eq. (22) restarts at 2 C' max_i ||eps_i||_1 "
+            f"(there est/real >= {fmt(reset_min)}, {bound}). The "
+            "fig2-diag diagnostic (`flower-dp reproduce partpsp --table fig2-diag`; paper scale: "
+            "docs/results/partpsp-fig2-diag-paper/report.md) finds the estimator, not our implementation, is what falls "
+            "below: with C' < 1 the reset value misses the real sensitivity of equal states (up to 2 max_i "
+            "||eps_i||_1), in the same rounds as the paper's own Fig. 4 logs, and the spec's safe floor "
+            "(reset_floor: S >= 2 max_i ||eps_i||_1 in reset rounds) removes those violations."]
+
+
 TABLE = Table("Table 2 row pattern on the MLP (+ Fig. 2 sensitivity)",
               lambda scale, seeds: _build_table2(scale, "table2", seeds),
               lambda records, scale: _claims_table2(records, "table2", scale),
               lambda records, scale, out: _render_table2(records, "table2", scale, out),
-              lambda scale: _differences_table2("table2", scale))
+              lambda scale: _differences_table2("table2", scale), findings=_findings_table2)
