@@ -40,9 +40,15 @@ MODELS = {"cnn": "shallow_cnn", "mlp": "mlp_2layer"}
 OPACUS_MODES = ("hooks", "ghost", "functorch")
 
 
-def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0, noise_multiplier: float = 1.0):
+def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0, noise_multiplier: float = 1.0,
+               device: str = "cpu", input_shape: tuple[int, ...] = (1, 28, 28)):
     """Step callables on private copies of one model: non-private, DP vmap, DP fast, and the parts
-    (noise alone, fast clipping alone) for the breakdown."""
+    (noise alone, fast clipping alone) for the breakdown.
+
+    ``device``: where the models, the batch and the noise buffers live (the noise is drawn on the CPU and
+    copied there, as the nodes draw it: :func:`flower_dp.mechanisms.noise.gaussian_noise`); the callables
+    do not synchronize a GPU (the caller times them with ``torch.cuda.synchronize``).  ``input_shape``: one
+    sample's shape (``(3, 32, 32)`` for the CIFAR models)."""
     from flower_dp.mechanisms.clipping import per_sample_clipped_grad_sum
     from flower_dp.mechanisms.ghost_clipping import ghost_clipped_grad_sum
     from flower_dp.mechanisms.noise import gaussian_noise
@@ -50,11 +56,11 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     from flower_dp.rng import node_secret, noise_generator
 
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, 1, 28, 28, generator=g)
-    y = torch.randint(0, 10, (batch,), generator=g)
+    x = torch.randn(batch, *input_shape, generator=g).to(device)
+    y = torch.randint(0, 10, (batch,), generator=g).to(device)
 
     def nonprivate():
-        model = build_model(model_name, seed=seed)
+        model = build_model(model_name, seed=seed).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.0)  # the update is computed but parameters stay put: identical work per repeat
 
         def step():
@@ -68,16 +74,16 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     key = node_secret(False, seed)  # the node's secret key (secret mode, the default)
 
     def private(clip_fn):
-        model = build_model(model_name, seed=seed)
+        model = build_model(model_name, seed=seed).to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         d = sum(p.numel() for p in params)
-        noise = torch.empty(d)
+        noise = torch.empty(d, device=device)
         k = [0]
 
         def step():
             gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
             k[0] += 1  # one stream per iteration, as PushSumNode.gaussian
-            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 0, k[0]), out=noise))
+            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 0, k[0]), device=device, out=noise))
             views, start = [], 0
             for p in params:
                 views.append(gsum[start : start + p.numel()].view_as(p))
@@ -87,13 +93,13 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
 
         return step
 
-    model = build_model(model_name, seed=seed)
+    model = build_model(model_name, seed=seed).to(device)
     d = sum(p.numel() for p in model.parameters())
-    buf, kn = torch.empty(d), [0]
+    buf, kn = torch.empty(d, device=device), [0]
 
     def noise_only():
         kn[0] += 1
-        return gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 1, kn[0]), out=buf)
+        return gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 1, kn[0]), device=device, out=buf)
 
     return {
         "noise": noise_only,
