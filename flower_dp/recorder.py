@@ -49,19 +49,32 @@ def _different_run(where: str, got: Any, want: Any) -> str:
             "settings or use a new out_dir")
 
 
-def sampler_identity() -> dict[str, str]:
-    """The identity field naming the Gaussian sampler the run's noise comes from: a checkpoint written with another
-    (or before the field: torch's float32 sampler, cut at 5.77 std) cannot be resumed, since the noise it already
-    drew would make the run's eps unproven."""
-    from .mechanisms.noise import GAUSSIAN_SAMPLER
+def sampler_identity(device="cpu") -> dict[str, str]:
+    """The identity field naming the Gaussian sampler the run's noise comes from (the nodes' ``device``, or a list
+    of devices: :func:`flower_dp.mechanisms.noise.gaussian_sampler`): a checkpoint written with another (or before
+    the field: torch's float32 sampler, cut at 5.77 std; or on another kind of device) cannot be resumed, since
+    the noise it already drew would make the run's eps unproven or the run's record name the wrong sampler."""
+    from .mechanisms.noise import gaussian_sampler
 
-    return {"gaussian_sampler": GAUSSIAN_SAMPLER}
+    return {"gaussian_sampler": gaussian_sampler(device)}
+
+
+def plan_summary(plan: Any, device="cpu") -> dict[str, Any]:
+    """``plan.summary()`` (``{}`` for a plan without one) with its ``noise`` entry naming the sampler of the nodes'
+    ``device`` (a plan does not know where its nodes run; its summary names the CPU sampler)."""
+    summary = getattr(plan, "summary", None)
+    out = summary() if callable(summary) else {}
+    if isinstance(out, dict) and isinstance(out.get("noise"), dict):
+        from .mechanisms.noise import gaussian_sampler
+
+        out = {**out, "noise": {**out["noise"], "gaussian_sampler": gaussian_sampler(device)}}
+    return out
 
 
 def _other_sampler(where: str, got: Any, want: Any) -> str:
-    from .mechanisms.noise import PROVEN_SAMPLERS
+    from .mechanisms.noise import is_proven_sampler
 
-    if got in PROVEN_SAMPLERS:  # proven too, but one run's noise comes from one sampler (its record names it)
+    if is_proven_sampler(got):  # proven too, but one run's noise comes from one sampler (its record names it)
         why = "a run's noise comes from one sampler, the one its results name"
     else:
         why = "resuming it would leave the noise drawn so far unproven"

@@ -104,15 +104,16 @@ def node_secret(reproducible: bool, seed: int) -> NodeKey:
     return NodeKey(secrets.randbits(256), reproducible=False)
 
 
-def noise_record(reproducible: bool, note: str | None = None) -> dict[str, str]:
+def noise_record(reproducible: bool, note: str | None = None, device="cpu") -> dict[str, str]:
     """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...,
     "gaussian_sampler": ...}`` (``note`` replaces the default note of the mode; the sampler is
-    :data:`flower_dp.mechanisms.noise.GAUSSIAN_SAMPLER`)."""
-    from flower_dp.mechanisms.noise import GAUSSIAN_SAMPLER
+    :func:`flower_dp.mechanisms.noise.gaussian_sampler` of ``device``, where the nodes draw their noise: a device
+    or a list of them, e.g. ``"numpy-float64"`` on the CPU, ``"torch-cuda-float64"`` on CUDA)."""
+    from flower_dp.mechanisms.noise import gaussian_sampler
 
     mode = "reproducible" if reproducible else "secret"
     return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE),
-            "gaussian_sampler": GAUSSIAN_SAMPLER}
+            "gaussian_sampler": gaussian_sampler(device)}
 
 
 def _seed_int(key: int | NodeKey) -> int:

@@ -67,7 +67,8 @@ from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.recorder import FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, sampler_identity
+from flower_dp.recorder import (FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, plan_summary,
+                                sampler_identity)
 from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
@@ -128,7 +129,9 @@ class PushSumStrategy(Strategy):
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
         self.checkpoint, self.run_name = bool(checkpoint), run_name
         # results.json, history.csv and checkpoint.pt (stamped with _meta: a resume of other settings is refused)
-        self.recorder = RunRecorder(out_dir, identity={"meta": self._meta(), **sampler_identity()},
+        # and with the sampler of the nodes' devices (numpy on the CPU, torch's float64 normal on CUDA; _node_devices)
+        self.recorder = RunRecorder(out_dir,
+                                    identity=lambda: {"meta": self._meta(), **sampler_identity(self._node_devices())},
                                     checkpoint=self.checkpoint, refusals=SAMPLER_REFUSAL)
         self.out_path = self.recorder.out_dir
         self.max_retries = check_int("max_retries", max_retries, minimum=0)
@@ -144,6 +147,7 @@ class PushSumStrategy(Strategy):
         # the backend that runs the segments (RayGossipBackend or RelayGossipBackend), made on the first register
         self.backend: Any = None
         self.node_of: dict[int, int] = {}  # Flower node id -> push-sum node id
+        self._relay_devices: dict[int, str] = {}  # push-sum node id -> device, from the relay nodes' register replies
         self.history: list[dict[str, Any]] = []
         self.bits = np.zeros(self.n_nodes, dtype=np.int64)
         self.privacy: list[dict[str, Any]] = []
@@ -185,6 +189,8 @@ class PushSumStrategy(Strategy):
                                    f"{msg.error.reason}")
             rec = msg.content["pushsum"]
             self.node_of[msg.metadata.src_node_id] = int(rec["partition_id"])
+            if self.transport == "relay" and "device" in rec:  # where this relay node runs (its noise sampler)
+                self._relay_devices[int(rec["partition_id"])] = str(rec["device"])
             if "param_layout" in rec:
                 self._layout = json.loads(str(rec["param_layout"]))
         return None, None
@@ -450,6 +456,31 @@ class PushSumStrategy(Strategy):
         return {"n_nodes": self.n_nodes, "num_iters": self.num_iters, "iters_per_round": self.iters_per_round,
                 "algorithm": self.spec.get("algorithm", "custom")}
 
+    def _node_devices(self) -> list[str]:
+        """Where the nodes draw their noise (its sampler: :func:`flower_dp.mechanisms.noise.gaussian_sampler`):
+        the Ray hosts' devices (``backend.devices``) or the relay nodes' register replies once known; before that
+        (a resume checks its checkpoint first) the device they will get: ``backend_kwargs["device"]``, or CUDA for
+        Ray hosts with a GPU share where CUDA is visible / the relay spec's ``device`` resolved here, else the CPU.
+        Re-checked against the checkpoint when the nodes are restored (:meth:`_restore`)."""
+        devices = getattr(self.backend, "devices", None) if self.backend is not None else None
+        if devices:
+            return [str(d) for d in devices]
+        if self.transport == "relay" and self._relay_devices:
+            return [self._relay_devices[i] for i in sorted(self._relay_devices)]
+        import torch
+
+        if self.transport == "relay":  # as clients.push_sum_node._relay_device resolves it
+            want = str(self.spec.get("device", "cpu"))
+            if want == "auto":
+                want = "cuda" if torch.cuda.is_available() else "cpu"
+            elif want.startswith("cuda") and not torch.cuda.is_available():
+                want = "cpu"
+            return [want]
+        if self.backend_kwargs.get("device") is not None:
+            return [str(self.backend_kwargs["device"])]
+        gpu = float(self.backend_kwargs.get("num_gpus_per_host", 0) or 0) > 0
+        return ["cuda" if gpu and torch.cuda.is_available() else "cpu"]
+
     def _restore(self, k0: int) -> dict[int, Any]:
         """Node states (and history, bits) of the checkpoint at iteration ``k0``."""
         ck = self._snapshot
@@ -461,6 +492,10 @@ class PushSumStrategy(Strategy):
         if int(ck["k"]) != k0:
             raise CheckpointError(f"the checkpoint in {str(self.out_path)!r} is at k={ck['k']}, the nodes must be "
                                   f"restored at k={k0}; got a stale file, start a new out_dir")
+        want = sampler_identity(self._node_devices())["gaussian_sampler"]
+        if self.recorder.checkpoint and ck.get("gaussian_sampler") != want:  # the nodes came up on other devices
+            raise CheckpointError(SAMPLER_REFUSAL["gaussian_sampler"](repr(str(self.out_path)),
+                                                                      ck.get("gaussian_sampler"), want))
         self.history = list(ck["history"])
         self.bits = np.asarray(ck["bits"], dtype=np.int64)
         states = {i: st for i, st in enumerate(ck["nodes"])}
@@ -588,17 +623,16 @@ class PushSumStrategy(Strategy):
         if self.out_path is None:
             return
         plan = self.spec.get("plan")
-        summary = getattr(plan, "summary", None)
         rows = [{**{key: v for key, v in row.items() if key != "eval"}, **row.get("eval", {})} for row in self.history]
         doc = {"name": self.run_name, "status": status, "error": error,
                "config": (self.spec.get("config") or {}), "seed": getattr(plan, "seed", None),
                # the toy node (no plan) draws seeded noise and claims no privacy
-               "noise": noise_record(bool(getattr(plan, "reproducible", True))),
+               "noise": noise_record(bool(getattr(plan, "reproducible", True)), device=self._node_devices()),
                "algorithm": self.spec.get("algorithm", "custom"), "backend": f"flower-{self.transport}",
                "num_iters_requested": self._num_iters_requested(),
                "num_iters": self.num_iters, "iters_per_round": self.iters_per_round, "history": rows,
                **release_fields(self.debug_metrics, private=self._claims_privacy(plan)),
-               "privacy": {"per_node": self.privacy, "plan": summary() if callable(summary) else {}},
+               "privacy": {"per_node": self.privacy, "plan": plan_summary(plan, self._node_devices())},
                "bits_sent_per_node": self.bits.tolist(), "failures": self.failures,
                "wall_time_s": time.perf_counter() - t0, "timings": self.timings, "versions": rio.versions()}
         self.recorder.write(doc, rows)

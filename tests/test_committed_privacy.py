@@ -1,6 +1,6 @@
 """Every committed result calls a number ``eps_rigorous`` only if it is proven for the noise the run drew: a private
-push-sum record names a proven Gaussian sampler (``gaussian_sampler`` in ``PROVEN_SAMPLERS``: torch-float64,
-numpy-float64); one drawn with torch's float32 sampler (cut at 5.77 std) carries ``eps_heuristic`` with the note instead, and its report says so."""
+push-sum record names a proven Gaussian sampler (``gaussian_sampler`` proven, ``is_proven_sampler``: torch-float64,
+numpy-float64, torch-cuda-float64 or a "+" of them); one drawn with torch's float32 sampler (cut at 5.77 std) carries ``eps_heuristic`` with the note instead, and its report says so."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flower_dp.mechanisms.noise import PROVEN_SAMPLERS
+from flower_dp.mechanisms.noise import is_proven_sampler
 from flower_dp.reproduce import build_specs, get_paper
 from flower_dp.reproduce.core import FLOAT32_SAMPLER_NOTE
 
@@ -36,6 +36,6 @@ def test_committed_rigorous_eps_is_proven_for_the_noise_drawn(folder):
         if kinds.get(r["run_id"]) != "pushsum":
             continue  # Gau-LRQ: numpy float64 noise, never cut
         if _finite(r.get("eps_rigorous")):
-            assert r.get("gaussian_sampler") in PROVEN_SAMPLERS, (folder, r["run_id"], r.get("gaussian_sampler"))
+            assert is_proven_sampler(r.get("gaussian_sampler")), (folder, r["run_id"], r.get("gaussian_sampler"))
         if r.get("privacy_note") == FLOAT32_SAMPLER_NOTE:
             assert r.get("eps_rigorous") is None and "Privacy caveat" in report, (folder, r["run_id"])

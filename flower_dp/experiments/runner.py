@@ -30,7 +30,7 @@ from ..errors import NonFiniteError
 from ..gossip import run_iteration
 from ..privacy.budget import charge_replay
 from ..models import cross_entropy_loss, resolve_device
-from ..recorder import FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, sampler_identity
+from ..recorder import FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, plan_summary, sampler_identity
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
 from .config import ExperimentConfig
@@ -112,14 +112,13 @@ def _plan_num_iters(plan, requested: int) -> int:
     return int(getattr(plan, "num_iters", requested) or requested)
 
 
-def _privacy_section(plan, nodes) -> dict[str, Any]:
+def _privacy_section(plan, nodes, device: str = "cpu") -> dict[str, Any]:
     per_node = []
     for node in nodes:
         rep = dict(node.privacy_report())
         rep["node"] = node.node_id
         per_node.append(rep)
-    summary = getattr(plan, "summary", None)
-    return {"per_node": per_node, "plan": summary() if callable(summary) else {}}
+    return {"per_node": per_node, "plan": plan_summary(plan, device)}
 
 
 def _different_config(where: str, got: Any, want: Any) -> str:
@@ -167,7 +166,9 @@ def run_experiment(
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
     t0 = time.perf_counter()
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
-    recorder = RunRecorder(out, identity={"config": cfg.to_dict(), **sampler_identity()},
+    # the identity names the sampler of the nodes' device (numpy on the CPU, torch's float64 normal on CUDA), known
+    # once build_experiment resolved it (checkpoints are loaded and saved after that)
+    recorder = RunRecorder(out, identity=lambda: {"config": cfg.to_dict(), **sampler_identity(info["device"])},
                            checkpoint=cfg.run.get("checkpoint", True),
                            refusals={"config": _different_config, **SAMPLER_REFUSAL})
     out_path = recorder.out_dir
@@ -209,7 +210,7 @@ def run_experiment(
             "error": error,
             "config": cfg.to_dict(),
             "seed": cfg.run["seed"],
-            "noise": noise_record(plan.reproducible),
+            "noise": noise_record(plan.reproducible, device=info["device"]),
             "algorithm": cfg.algorithm["name"],
             "backend": "inprocess",
             "num_iters_requested": int(cfg.run["num_iters"]),
@@ -217,7 +218,7 @@ def run_experiment(
             "info": info,
             "history": history,
             **released,
-            "privacy": _privacy_section(plan, nodes),
+            "privacy": _privacy_section(plan, nodes, info["device"]),
             "bits_sent_per_node": bits.tolist(),
             "wall_time_s": time.perf_counter() - t0,
             "train_cpu_s": train_cpu,
@@ -271,7 +272,7 @@ def run_experiment(
     return RunResult(
         status=status,
         history=history,
-        privacy=_privacy_section(plan, nodes),
+        privacy=_privacy_section(plan, nodes, info["device"]),
         final_accuracy=final_acc,
         out_dir=out_path,
         wall_time_s=time.perf_counter() - t0,

@@ -4,7 +4,8 @@ STYLE.md 2.10: randomness is always passed in.  Gaussian noise: derive the gener
 ``flower_dp.rng.noise_generator(key, node, k)`` (a numpy ``Generator``), Laplace noise with
 ``flower_dp.rng.torch_generator(key, node, "noise", k)``; ``key`` is the node's private key
 (``node_secret(plan.reproducible, plan.seed)``: a secret from OS entropy, or the seed in the
-reproducible simulation mode, where every backend draws the same noise), so nodes/iterations are
+reproducible simulation mode, where every backend on the same kind of device draws the same noise: CUDA
+nodes draw on the device with torch, see :func:`gaussian_sampler`), so nodes/iterations are
 independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute the noise.
 """
 
@@ -17,7 +18,8 @@ import torch
 
 from flower_dp._checks import check_int, check_nonnegative
 
-__all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD", "GAUSSIAN_SAMPLER", "PROVEN_SAMPLERS"]
+__all__ = ["gaussian_noise", "laplace_noise", "gaussian_sampler", "is_proven_sampler", "TAIL_CUT_STD",
+           "TAIL_CUT_STD_BY_SAMPLER", "GAUSSIAN_SAMPLER", "CUDA_GAUSSIAN_SAMPLER", "PROVEN_SAMPLERS"]
 
 #: The largest |draw| / std :func:`gaussian_noise` can produce.  numpy's float64 ziggurat draws the tail beyond
 #: r = 3.654 by exact exponential rejection from 53-bit uniforms, so no draw exceeds r + 53 ln 2 / r = 13.7; the
@@ -25,12 +27,54 @@ __all__ = ["gaussian_noise", "laplace_noise", "TAIL_CUT_STD", "GAUSSIAN_SAMPLER"
 #: sqrt(2 ln 2^53) = 8.57, ~1e-17; its float32 one at 5.77).  The Gaussian accountants assume an untruncated
 #: tail; what they miss per release, ``q * P(Z > TAIL_CUT_STD - sensitivity / std)``, is far below any delta.
 TAIL_CUT_STD = 13.7
-#: What results files record as the push-sum nodes' Gaussian sampler (``noise.gaussian_sampler``).  Records without
-#: it were drawn with torch's float32 sampler, cut at 5.77 std (before commit 4575d7e); ``"torch-float64"`` records
-#: with torch's float64 Box-Muller (4575d7e until the switch to numpy's float64 ziggurat, issue 16: 2.3x faster).
+#: What results files record as the push-sum nodes' Gaussian sampler on the CPU (``noise.gaussian_sampler``, see
+#: :func:`gaussian_sampler`).  Records without it were drawn with torch's float32 sampler, cut at 5.77 std (before
+#: commit 4575d7e); ``"torch-float64"`` records with torch's float64 Box-Muller (4575d7e until the switch to numpy's
+#: float64 ziggurat, issue 16: 2.3x faster).
 GAUSSIAN_SAMPLER = "numpy-float64"
-#: Samplers whose draws the Gaussian accountants' proofs cover (tail intact to ~1e-17 or better).
-PROVEN_SAMPLERS = ("torch-float64", "numpy-float64")
+#: The sampler of nodes on a CUDA device: torch's CUDA float64 normal (``torch.randn(..., dtype=torch.float64)`` on
+#: the device).  PyTorch's ``normal_and_transform`` (ATen/native/cuda/DistributionTemplates.h) draws float64 with
+#: cuRAND's ``curand_normal2_double`` on Philox4x32-10: Box-Muller on uniforms of 53-bit resolution
+#: (``_curand_uniform_double_hq``: u = z 2^-53 + 2^-54, z < 2^53), so no draw exceeds sqrt(-2 ln 2^-54) = 8.65 std,
+#: the same kind of cut as torch's CPU float64 sampler (8.57 std, ``"torch-float64"``); the tail mass it misses is
+#: ~1e-17 per coordinate.  Key size: these draws are keyed by a 64-bit Philox seed drawn from the node's noise stream
+#: (:func:`flower_dp.rng.noise_generator`, itself keyed by the node's 256-bit secret and (node, k)), as torch's CPU
+#: float64 sampler was by its 64-bit seed; numpy's SFC64 path uses the whole 256-bit key.
+CUDA_GAUSSIAN_SAMPLER = "torch-cuda-float64"
+#: Samplers whose draws the Gaussian accountants' proofs cover (tail intact to ~1e-17 or better).  A run whose nodes
+#: ran on several kinds of device records the samplers joined with ``"+"`` (:func:`gaussian_sampler`); it is proven
+#: when every part is (:func:`is_proven_sampler`).
+PROVEN_SAMPLERS = ("torch-float64", "numpy-float64", CUDA_GAUSSIAN_SAMPLER)
+#: The largest |draw| / std each proven sampler can produce (:data:`TAIL_CUT_STD` for numpy's; torch's float64
+#: Box-Muller: sqrt(-2 ln 2^-53) on the CPU, sqrt(-2 ln 2^-54) on CUDA).
+TAIL_CUT_STD_BY_SAMPLER = {
+    GAUSSIAN_SAMPLER: TAIL_CUT_STD,
+    "torch-float64": 8.57,
+    CUDA_GAUSSIAN_SAMPLER: 8.65,
+}
+
+
+def _is_cuda(device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def gaussian_sampler(device="cpu") -> str:
+    """The name of the sampler :func:`gaussian_noise` draws with on ``device`` (what records and checkpoints name):
+    :data:`GAUSSIAN_SAMPLER` (``"numpy-float64"``) on the CPU, :data:`CUDA_GAUSSIAN_SAMPLER`
+    (``"torch-cuda-float64"``) on a CUDA device.  A list of devices (nodes on mixed hosts) gives the distinct names,
+    sorted, joined with ``"+"``."""
+    if isinstance(device, (list, tuple, set, frozenset)):
+        names = sorted({gaussian_sampler(d) for d in device})
+        return "+".join(names) if names else GAUSSIAN_SAMPLER
+    return CUDA_GAUSSIAN_SAMPLER if _is_cuda(device) else GAUSSIAN_SAMPLER
+
+
+def is_proven_sampler(label) -> bool:
+    """Whether a record's ``gaussian_sampler`` label is proven: every ``"+"``-joined part in :data:`PROVEN_SAMPLERS`."""
+    if not isinstance(label, str) or not label:
+        return False
+    return all(part in PROVEN_SAMPLERS for part in label.split("+"))
+
 
 _SCRATCH = threading.local()  # one float64 draw buffer per thread, grown to the largest d drawn there
 
@@ -62,10 +106,14 @@ def gaussian_noise(
 ) -> torch.Tensor:
     """i.i.d. ``N(0, std^2)`` noise.
 
-    numpy's float64 ziggurat (``Generator.standard_normal``: 256 layers at 51-bit resolution, the tail by exact
-    exponential rejection), times ``std`` in float64, then rounded to ``dtype`` (see :data:`TAIL_CUT_STD`).  Drawn
-    on the CPU whatever ``device`` (the same numbers on every device), then moved.  ``out`` gives the same numbers
-    as a new tensor, bit for bit.
+    On a CPU ``device``: numpy's float64 ziggurat (``Generator.standard_normal``: 256 layers at 51-bit resolution,
+    the tail by exact exponential rejection), times ``std`` in float64, then rounded to ``dtype`` (see
+    :data:`TAIL_CUT_STD`).  On a CUDA ``device``: drawn there with torch's CUDA float64 normal
+    (:data:`CUDA_GAUSSIAN_SAMPLER`, cut at 8.65 std) from a ``torch.Generator`` on the device seeded with a 64-bit
+    integer drawn from ``generator``, times ``std`` in float64, then rounded to ``dtype``; copying a CPU draw to the
+    GPU was most of a private step there (ResNet-18: 166 of 194 ms on an H200).  GPU runs therefore draw other
+    numbers than CPU runs (they never agreed bit for bit on a GPU: float arithmetic differs there); the reproducible
+    mode stays reproducible on the same device.  ``out`` gives the same numbers as a new tensor, bit for bit.
 
     Parameters
     ----------
@@ -96,6 +144,15 @@ def gaussian_noise(
                         "flower_dp.rng.noise_generator(key, node, k) with key = node_secret(...)")
     # float64 whatever ``dtype``: a float32 sampler cuts the tail (torch's at 5.77 std, from 24-bit uniforms), an
     # output region a neighbouring input reaches and this one cannot: a delta no Gaussian accountant charges.
+    if _is_cuda(device):
+        # a 64-bit Philox seed from the node's secret stream (keyed by its 256-bit secret and (node, k))
+        g = torch.Generator(device=device)
+        g.manual_seed(int(generator.integers(0, 2**64, dtype=np.uint64)))
+        z_dev = torch.randn(d, dtype=torch.float64, device=device, generator=g)
+        z_dev.mul_(std)
+        if out is not None:
+            return out.copy_(z_dev)  # rounded as .to(dtype) rounds: the new tensor's numbers, bit for bit
+        return z_dev if dtype == torch.float64 else z_dev.to(dtype)
     z = _scratch(d)
     generator.standard_normal(out=z)
     z *= std
