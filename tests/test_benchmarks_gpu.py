@@ -151,3 +151,19 @@ def test_groups_take_a_private_representative_and_add_node_iterations():
     assert groups["dyn_d2p|m|B32"]["node_iterations"] == 3000
     assert groups["dyn_d2p|m|B32"]["rep"]["params"]["variant"] == "dyn"
     assert groups["privsgp|m|B125"]["algorithms"] == ["dp2_sgd", "privsgp_vr"]
+
+
+def test_noise_tail_counter_on_cpu_matches_the_gaussian(tmp_path):
+    """benchmarks.gpu_noise_tail on the CPU sampler: 2e6 draws, the counts near their expectation (a wide band:
+    the test checks the counter, the H200 run in docs/benchmarks checks the sampler at 5e10 draws)."""
+    import json
+
+    from benchmarks import gpu_noise_tail
+
+    out = tmp_path / "tail.json"
+    assert gpu_noise_tail.main(["2e6", str(out), "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["draws"] == 2_000_000 and res["sampler"] == "numpy-float64"
+    assert abs(res["var"] - 1) < 0.01 and abs(res["mean"]) < 0.005
+    for cut in ("3.0", "4.0"):
+        assert abs(res["beyond"][cut]["poisson_sd"]) < 6, res["beyond"][cut]
