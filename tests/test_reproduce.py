@@ -25,6 +25,7 @@ def _subset(paper: Paper, keep) -> Paper:
     ({"paper": "dyn-d2p", "scale": "huge"}, "unknown scale 'huge'"),
     ({"paper": "dyn-d2p", "backend": "mpi"}, "unknown backend 'mpi'"),
     ({"paper": "dyn-d2p", "seeds": 0}, "seeds must be >= 1"),
+    ({"paper": "dyn-d2p", "device": "gpu"}, "unknown device 'gpu'"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, needle, tmp_path):
     """Each bad argument names the value and the valid choices; nothing is written."""
@@ -111,10 +112,12 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     assert bits_claim and "0.50x" in bits_claim[0].detail                    # rand50 sends half the bits
     assert claims["(ours) every run meets its target eps under the rigorous accountant"].passed
 
-    # nothing is re-run on a second call
+    assert all(r["device"] == "cpu" for r in doc["records"]) and doc["meta"]["device"] == "cpu"
+
+    # nothing is re-run on a second call, on another device too (where a run computes is not part of its identity)
     calls = []
     monkeypatch.setattr("flower_dp.experiments.run_experiment", lambda *a, **k: calls.append(a))
-    rep2 = rp.reproduce("dp-csgp", scale="smoke", out=out, seeds=1, reproducible=True)
+    rep2 = rp.reproduce("dp-csgp", scale="smoke", out=out, seeds=1, reproducible=True, device="cuda:1")
     assert not calls and all(r["reused"] for r in rep2.records)
     assert [r["final_acc"] for r in rep2.records] == [r["final_acc"] for r in rep.records]
     monkeypatch.undo()
@@ -415,3 +418,20 @@ def test_partpsp_fig2_diag_builds_runs_and_answers_at_smoke(tmp_path):
     assert plots == ["est_over_real.png"] and any("floor" in ln for ln in lines)
     why = sub.findings(recs, "fig2-diag", "smoke")
     assert why[0].startswith("Conclusion: the estimator with C' < 1") and any("safe floor" in w for w in why)
+
+
+def test_device_is_not_part_of_a_runs_identity():
+    """--device places runs without changing which run they are: a config finished on a GPU is the same run on the
+    CPU (reused), any other difference is not; --device reaches the config the runner gets."""
+    from flower_dp.experiments import config_from_dict
+    from flower_dp.reproduce.core import _on_device, _same_config
+
+    spec = build_specs(get_paper("dp-csgp"), "smoke", "fig1-2", 1)[0]
+    cfg = config_from_dict(spec.config)
+    on_gpu = _on_device(spec.config, "cuda")
+    assert on_gpu["run"]["device"] == "cuda" and spec.config["run"].get("device", "cpu") == "cpu"  # a copy
+    assert _on_device(spec.config, None) is spec.config
+    assert _same_config(on_gpu, cfg) and _same_config(config_from_dict(on_gpu).to_dict(), cfg)
+    other = _on_device(spec.config, "cuda")
+    other["run"]["num_iters"] = int(other["run"]["num_iters"]) + 1
+    assert not _same_config(other, cfg)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -85,6 +86,7 @@ def reproduce(
     reproducible: bool = False,
     jobs: int = 1,
     estimate: bool | None = None,
+    device: str | None = None,
 ) -> Reproduction | None:
     """Run (or resume) a paper's headline experiment and write its records, plots and report.
 
@@ -104,13 +106,21 @@ def reproduce(
         and backend; the guarantee holds only against parties that do not know the seed); the report says so.
     jobs : runs at once, each in its own process with one torch thread (use one per core)
     estimate : print the CPU hours of the unfinished runs, measured on one segment, before the sweep (default:
-        at the ``full`` and ``paper`` scales); ``"only"``: print it and return None without running
+        at the ``full`` and ``paper`` scales); ``"only"``: print it and return None without running.  The probe
+        runs on the CPU whatever ``device``.
+    device : where the push-sum runs compute: "cpu", "cuda", "cuda:N" or "auto" (a GPU when one is visible).
+        None (default): the configs' device, the CPU.  Not part of a run's identity: finished runs are reused
+        whatever device made them, and each record names its device.  GPU nodes draw their noise on the GPU
+        (``torch-cuda-float64``), so a GPU run's numbers differ from a CPU run's.  Gau-LRQ runs stay on the CPU.
     """
     p = get_paper(paper)
     table = table or p.default_table
     _check(table, p.tables, f"table for {paper} (valid: {p.tables})")
     _check(scale, SCALES, "scale")
     _check(backend, BACKENDS, "backend")
+    if device is not None and not (device in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", str(device))):
+        raise ConfigError(f"unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N', 'auto' (pass --device cuda on a "
+                          "GPU machine, or leave it out for the CPU)")
     n_seeds = p.default_seeds.get(scale, 2 if scale == "paper" else 1) if seeds is None else int(seeds)
     if n_seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds!r}; pass --seeds 1 or more")
@@ -124,10 +134,10 @@ def reproduce(
                       if sys.argv and sys.argv[0].endswith("flower-dp") else
                       f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
                       f"--seeds {n_seeds} --out {out_path}" + (" --reproducible" if reproducible else "")
-                      + (f" --jobs {jobs}" if jobs > 1 else ""))
+                      + (f" --jobs {jobs}" if jobs > 1 else "") + (f" --device {device}" if device else ""))
     meta = {"threads": int(os.environ["FLOWER_DP_THREADS"]), "paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
             "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions(),
-            "noise": "reproducible" if reproducible else "secret"}
+            "noise": "reproducible" if reproducible else "secret", "device": device or "cpu"}
     log(f"reproduce {paper} ({p.tables[table]}), scale {scale}, backend {backend}, {len(specs)} runs "
         f"({n_seeds} seed(s)) -> {out_path}")
     if estimate or (estimate is None and scale in ("full", "paper")):
@@ -137,7 +147,7 @@ def reproduce(
         if estimate == "only":
             return None
     t0 = time.perf_counter()
-    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs)
+    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs, device=device)
     wall = time.perf_counter() - t0
     return _finish(p, meta, records, out_path, wall, log)
 

@@ -81,16 +81,17 @@ def _cmd(args: argparse.Namespace) -> int:
         if args.estimate:
             raise ValueError("--estimate needs one paper, got 'all'; name a paper (and --table)")
         reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
-                          reproducible=args.reproducible, jobs=args.jobs,
+                          reproducible=args.reproducible, jobs=args.jobs, device=args.device,
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
                                   f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else "")
                                   + (" --reproducible" if args.reproducible else "")
-                                  + (f" --jobs {args.jobs}" if args.jobs > 1 else ""))
+                                  + (f" --jobs {args.jobs}" if args.jobs > 1 else "")
+                                  + (f" --device {args.device}" if args.device else ""))
                 for p in PAPERS]
         print(f"index: {write_index(base)}")
     else:
         rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
-                        seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs,
+                        seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs, device=args.device,
                         estimate="only" if args.estimate else None)
         reps = [rep] if rep is not None else []
     for rep in reps:
@@ -151,6 +152,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "paper scales print it before every sweep)")
     p.add_argument("--backend", default="inprocess", choices=["inprocess", "flower"],
                    help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
+    p.add_argument("--device", default=None,
+                   help="where push-sum runs compute: cpu (default), cuda, cuda:N or auto (a GPU when one is visible); "
+                        "the GPU tables' --scale full needs it on a GPU machine. Not part of a run's identity: finished "
+                        "runs are reused whatever device made them")
     p.add_argument("--out", default=None, help="output folder (default runs/reproduce/PAPER-TABLE-SCALE)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default depends on the scale)")
     p.add_argument("--reproducible", action="store_true",

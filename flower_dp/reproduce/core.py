@@ -182,11 +182,25 @@ def _progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="run", disable=quiet)
 
 
-def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
-    """Run (or resume, or reuse) one push-sum experiment; return its results document."""
+def _on_device(config: dict[str, Any], device: str | None) -> dict[str, Any]:
+    """``config`` with ``[run] device`` set to ``device`` (None: unchanged).  Where a run computes is an execution
+    detail like the backend: it is not part of a run's identity (:func:`_same_config`, :func:`config_sha`)."""
+    if device is None:
+        return config
+    import copy
+
+    out = copy.deepcopy(config)
+    out.setdefault("run", {})["device"] = device
+    return out
+
+
+def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None = None) -> dict[str, Any]:
+    """Run (or resume, or reuse) one push-sum experiment on ``device`` (None: the config's); return its results
+    document.  A run finished on another device is reused; a checkpoint of another device starts the run again
+    (its noise came from another sampler)."""
     from ..experiments import config_from_dict, run_experiment
 
-    cfg = config_from_dict(spec.config)
+    cfg = config_from_dict(_on_device(spec.config, device))
     doc = rio.read_json(run_dir / "results.json")
     if doc and doc.get("config"):  # a run from before [run] debug_metrics existed ran with it off
         doc["config"].setdefault("run", {}).setdefault("debug_metrics", False)
@@ -224,16 +238,21 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
 
 def _same_config(stored: Any, cfg: Any) -> bool:
     """Whether a run's stored config is ``cfg``: compared after both pass through today's config parser, so a
-    key added later with its default (what the run in fact used) does not make a finished run look different."""
+    key added later with its default (what the run in fact used) does not make a finished run look different.
+    ``[run] device`` is left out of the comparison: a run finished on a GPU is the same run as on the CPU."""
     from ..errors import ConfigError
     from ..experiments import config_from_dict
 
+    def placeless(conf: dict[str, Any]) -> dict[str, Any]:
+        return {**conf, "run": {k: v for k, v in conf.get("run", {}).items() if k != "device"}}
+
     if not isinstance(stored, dict):
         return False
-    if stored == cfg.to_dict():
+    want = placeless(cfg.to_dict())
+    if placeless(stored) == want:
         return True
     try:
-        return config_from_dict(stored).to_dict() == cfg.to_dict()
+        return placeless(config_from_dict(stored).to_dict()) == want
     except (ConfigError, TypeError, ValueError):
         return False
 
@@ -374,6 +393,7 @@ def record_from_doc(spec: RunSpec, doc: dict[str, Any]) -> dict[str, Any]:
         "dataset": info.get("dataset", doc.get("dataset")),
         "synthetic_data": info.get("synthetic_data", False),
         "backend": doc.get("backend", "inprocess"),
+        "device": info.get("device") or ((doc.get("config") or {}).get("run") or {}).get("device", "cpu"),
         "wall_time_s": float(doc.get("wall_time_s", float("nan"))),
         "train_cpu_s": float(doc.get("train_cpu_s", float("nan"))),
         "reused": bool(doc.get("_reused", False)),
@@ -442,11 +462,13 @@ def _write_records(out: Path, records: list[dict[str, Any]], meta: dict[str, Any
     rio.write_csv(out / "records.csv", [{k: v for k, v in r.items() if k not in _CSV_SKIP} for r in records])
 
 
-def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str) -> tuple[dict[str, Any], float]:
-    """Run (or resume, or reuse) one spec; return its results document and the CPU seconds this call spent."""
+def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str, device: str | None = None
+             ) -> tuple[dict[str, Any], float]:
+    """Run (or resume, or reuse) one spec; return its results document and the CPU seconds this call spent.
+    ``device`` places push-sum runs (None: their config's, the CPU); the other runners (Gau-LRQ) run on the CPU."""
     c0 = time.process_time()
     if spec.kind == "pushsum":
-        doc = _run_pushsum(spec, run_dir, backend)
+        doc = _run_pushsum(spec, run_dir, backend, device)
     else:
         runner = paper.runners.get(spec.kind)
         if runner is None:
@@ -455,14 +477,15 @@ def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str) -> tuple[
     return doc, time.process_time() - c0
 
 
-def _run_one_in_worker(paper_name: str, spec: RunSpec, run_dir: str, backend: str) -> tuple[dict[str, Any], float]:
+def _run_one_in_worker(paper_name: str, spec: RunSpec, run_dir: str, backend: str, device: str | None = None
+                       ) -> tuple[dict[str, Any], float]:
     """:func:`_run_one` in a worker process of ``run_sweep(jobs > 1)``: one torch thread, the paper by name."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("FLOWER_DP_THREADS", "1")))
     from . import get_paper
 
-    return _run_one(get_paper(paper_name), spec, Path(run_dir), backend)
+    return _run_one(get_paper(paper_name), spec, Path(run_dir), backend, device)
 
 
 def run_sweep(
@@ -474,12 +497,15 @@ def run_sweep(
     meta: dict[str, Any] | None = None,
     log: Callable[[str], None] = print,
     jobs: int = 1,
+    device: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run every spec not already finished in ``out/runs``; return one record per spec (in order).
 
     ``jobs > 1`` runs that many specs at once, each in a process of its own with one torch thread (the way to
     use several cores: one run per core).  Records are the same as with ``jobs=1``; ``records.json`` is
-    rewritten, in spec order, each time a run finishes, holding the runs finished so far.
+    rewritten, in spec order, each time a run finishes, holding the runs finished so far.  ``device`` places the
+    push-sum runs ("cpu", "cuda", "cuda:N", "auto"; None: their configs', the CPU); it is not part of a run's
+    identity, so finished runs are reused whatever device made them (records name it: ``device``).
     """
     out = rio.ensure_writable_dir(out)
     (out / "runs").mkdir(exist_ok=True)
@@ -530,7 +556,7 @@ def run_sweep(
             for i in todo:
                 spec = specs[i]
                 t0 = time.perf_counter()
-                doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend)
+                doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend, device)
                 finish(i, doc, cpu, time.perf_counter() - t0)
         else:
             import multiprocessing as mp
@@ -538,7 +564,7 @@ def run_sweep(
 
             with ProcessPoolExecutor(max_workers=int(jobs), mp_context=mp.get_context("spawn")) as pool:
                 started = {pool.submit(_run_one_in_worker, paper.name, specs[i], str(out / "runs" / specs[i].run_id),
-                                       backend): (i, time.perf_counter()) for i in todo}
+                                       backend, device): (i, time.perf_counter()) for i in todo}
                 pending = set(started)
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
