@@ -204,8 +204,9 @@ class Plan:
         """Node ``i``'s noise release at iteration ``k``: the std it draws and the steps it is charged."""
         return NoiseRelease(float(self.noise_std[i][k]), tuple(self.charged_steps(i, k, k + 1)))
 
-    def summary(self) -> dict[str, Any]:
-        """JSON-friendly description for the results file."""
+    def summary(self, device: Any = "cpu") -> dict[str, Any]:
+        """JSON-friendly description for the results file; ``noise`` names the sampler of the nodes' ``device`` (a
+        device or a list of them: :func:`flower_dp.rng.noise_record`)."""
         p = {f.name: getattr(self.params, f.name) for f in fields(self.params)}
         return {
             "algorithm": self.algorithm,
@@ -228,7 +229,7 @@ class Plan:
             "noise_std_first_last": [[float(s[0]), float(s[-1])] if len(s) else [] for s in self.noise_std],
             "warnings": list(self.warnings),
             "reproducible": self.reproducible,
-            "noise": noise_record(self.reproducible),
+            "noise": noise_record(self.reproducible, device=device),
         }
 
 

@@ -39,12 +39,14 @@ def cross_entropy_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits, y)
 
 
-def resolve_device(name: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU falls back to CPU with a log line."""
+def resolve_device(name: str, *, log: bool = True) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; ``cuda`` without a GPU falls back to CPU with a log
+    line (``log=False``: silently, for a caller predicting where nodes elsewhere will run)."""
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
-        print(f"flower-dp: run.device={name!r} but no GPU is visible; running on the CPU", file=sys.stderr)
+        if log:
+            print(f"flower-dp: run.device={name!r} but no GPU is visible; running on the CPU", file=sys.stderr)
         return "cpu"
     return name
 

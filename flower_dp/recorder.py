@@ -60,15 +60,10 @@ def sampler_identity(device="cpu") -> dict[str, str]:
 
 
 def plan_summary(plan: Any, device="cpu") -> dict[str, Any]:
-    """``plan.summary()`` (``{}`` for a plan without one) with its ``noise`` entry naming the sampler of the nodes'
-    ``device`` (a plan does not know where its nodes run; its summary names the CPU sampler)."""
+    """``plan.summary(device)`` (its ``noise`` entry names the sampler of the nodes' ``device``); ``{}`` for a plan
+    without a summary."""
     summary = getattr(plan, "summary", None)
-    out = summary() if callable(summary) else {}
-    if isinstance(out, dict) and isinstance(out.get("noise"), dict):
-        from .mechanisms.noise import gaussian_sampler
-
-        out = {**out, "noise": {**out["noise"], "gaussian_sampler": gaussian_sampler(device)}}
-    return out
+    return summary(device) if callable(summary) else {}
 
 
 def _other_sampler(where: str, got: Any, want: Any) -> str:

@@ -66,6 +66,7 @@ from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
+from flower_dp.models import resolve_device
 from flower_dp.privacy.budget import charge_replay
 from flower_dp.recorder import (FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, plan_summary,
                                 sampler_identity)
@@ -467,15 +468,8 @@ class PushSumStrategy(Strategy):
             return [str(d) for d in devices]
         if self.transport == "relay" and self._relay_devices:
             return [self._relay_devices[i] for i in sorted(self._relay_devices)]
-        import torch
-
         if self.transport == "relay":  # as clients.push_sum_node._relay_device resolves it
-            want = str(self.spec.get("device", "cpu"))
-            if want == "auto":
-                want = "cuda" if torch.cuda.is_available() else "cpu"
-            elif want.startswith("cuda") and not torch.cuda.is_available():
-                want = "cpu"
-            return [want]
+            return [resolve_device(str(self.spec.get("device", "cpu")), log=False)]
         if self.backend_kwargs.get("device") is not None:
             return [str(self.backend_kwargs["device"])]
         gpu = float(self.backend_kwargs.get("num_gpus_per_host", 0) or 0) > 0

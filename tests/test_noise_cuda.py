@@ -63,8 +63,8 @@ def test_records_and_identities_name_the_device_sampler():
     assert sampler_identity("cuda:1") == {"gaussian_sampler": "torch-cuda-float64"}
 
     class Plan:
-        def summary(self):
-            return {"algorithm": "x", "noise": noise_record(True)}
+        def summary(self, device="cpu"):
+            return {"algorithm": "x", "noise": noise_record(True, device=device)}
 
     s = plan_summary(Plan(), "cuda")
     assert s["noise"]["gaussian_sampler"] == "torch-cuda-float64" and s["noise"]["mode"] == "reproducible"
