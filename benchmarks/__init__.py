@@ -8,6 +8,7 @@ shared machine absolute times are noisy; the ratios are what to compare.
 |---|---|---|
 | ``private_step_ratio_{cnn,mlp}_b{32,64}`` | DP step with the fast (ghost) clipping path | non-private step |
 | ``private_step_ratio_{cnn,mlp}_b{32,64}_opacus_{hooks,ghost,functorch}`` | Opacus' DP step, each mode (null without Opacus) | non-private step, interleaved with ours |
+| ``private_step_median_ratio_{cnn,mlp}_b{32,64}_prefetch`` | the same, noise drawn ahead on a second thread (``run.prefetch_noise``), blocks of consecutive steps | non-private steps, same blocks |
 | ``private_step_median_ours_over_opacus_best_{cnn,mlp}_b{32,64}`` | our DP step, by the median (goal <= 0.6) | Opacus' best mode, same loop |
 | ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
@@ -178,6 +179,9 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
     for case in PRIVATE_STEP_CASES:  # ours and Opacus' modes, by the minimum and by the median over repeats
         doc.setdefault(f"private_step_ratio_{case}", _get(details, "private_step", "cases", case, "ratio_fast"))
         doc[f"private_step_median_ratio_{case}"] = _get(details, "private_step", "cases", case, "median_ratio_fast")
+        # run.prefetch_noise: the noise drawn on a second thread (consecutive steps of one node)
+        doc[f"private_step_median_ratio_{case}_prefetch"] = _get(details, "private_step", "cases", case,
+                                                                 "median_ratio_fast_prefetch")
         for mode in OPACUS_MODES:
             doc[f"private_step_ratio_{case}_opacus_{mode}"] = _get(details, "private_step", "cases", case,
                                                                     f"ratio_opacus_{mode}")
@@ -208,6 +212,9 @@ def format_table(doc: dict) -> str:
         rows.append((f"private step {case} fast/np", _fmt(r["ratio_fast"]),
                      f"np {r['nonprivate_ms']:.3g} ms, fast {r['dp_fast_ms']:.3g} ms, vmap {r['dp_vmap_ms']:.3g} ms "
                      f"({r['ratio_vmap']:.3g}x); median {_fmt(r.get('median_ratio_fast'))}"))
+        if r.get("median_ratio_fast_prefetch") is not None:
+            rows.append((f"  noise drawn ahead {case} (median)", _fmt(r["median_ratio_fast_prefetch"]),
+                         f"in line, same blocks {_fmt(r.get('median_ratio_fast_chain'))}"))
         if r.get("ratio_opacus_hooks") is None:
             rows.append((f"  opacus {case}", "null", str(r.get("opacus"))))
             continue

@@ -5,7 +5,7 @@ Times ``flower_dp.mechanisms.noise.gaussian_noise`` as a node calls it (``PushSu
 from ``flower_dp.rng.noise_generator(key, node, k)`` with a secret ``NodeKey``, float32 out, on the device) for
 d = 101,770 / 582,026 / 11.2M (MLP / shallow CNN / ResNet-18-GN), min / median ms over synchronized repeats; then
 checks the law of the device's sampler: KS p-value on 1e6 draws, counts beyond 5, 5.5 and 6 std against their
-expectations, the largest |z| (CUDA: over 1e9 draws, beyond torch's float32 cut 5.77 unless by a 4e-4 chance; CPU:
+expectations (over all the tail draws), the largest |z| (CUDA: over 1e9 draws, beyond torch's float32 cut 5.77 unless by a 4e-4 chance; CPU:
 1e7 draws by default, numpy's ziggurat path).  Needs torch, numpy, scipy (no flwr); the JSON is rewritten after
 each section.
 """
@@ -55,9 +55,12 @@ def _p_abs_beyond(t: float) -> float:
     return math.erfc(t / math.sqrt(2))
 
 
-def law(device: str, total: int, chunk: int, count_draws: int) -> dict[str, Any]:
-    """KS on 1e6 draws; counts beyond 5 / 5.5 / 6 std over the first ``count_draws``; max |z| over ``total``."""
+def law(device: str, total: int, chunk: int) -> dict[str, Any]:
+    """KS on 1e6 draws; counts beyond 5 / 5.5 / 6 std and max |z| over ``total`` draws
+    (:func:`benchmarks.gpu_noise_tail.count_tail`)."""
     from scipy import stats
+
+    from .gpu_noise_tail import count_tail
 
     key = NodeKey(2 ** 255 + 12345, reproducible=False)
     std = 0.37
@@ -67,33 +70,18 @@ def law(device: str, total: int, chunk: int, count_draws: int) -> dict[str, Any]
     other_k = gaussian_noise(1_000_000, std, noise_generator(key, 3, 12), dtype=torch.float32, device=device)
     buf = torch.empty(1_000_000, dtype=torch.float32, device=device)
     into = gaussian_noise(1_000_000, std, noise_generator(key, 3, 11), device=device, out=buf)
-    counts = {"5.0": 0, "5.5": 0, "6.0": 0}
-    zmax, drawn, counted = 0.0, 0, 0
-    t = time.perf_counter()
-    k = 0
-    while drawn < total:
-        n = min(chunk, total - drawn)
-        z = gaussian_noise(n, 1.0, noise_generator(key, 0, k), dtype=torch.float64, device=device).abs_()
-        if counted < count_draws:
-            m = min(n, count_draws - counted)
-            for c in counts:
-                counts[c] += int((z[:m] > float(c)).sum())
-            counted += m
-        zmax = max(zmax, float(z.max()))
-        drawn += n
-        k += 1
-        del z
-    _sync(device)
+    tail = count_tail(total, device, chunk, cuts=(5.0, 5.5, 6.0), key=key)
+    beyond = tail["beyond"]
     return {
         "ks_p_1e6": ks_p, "ks_ok": ks_p > 1e-3,
         "same_key_same_numbers": bool(torch.equal(ks, again)), "out_bit_identical": bool(torch.equal(into, ks)),
         "other_k_differs": not bool(torch.equal(ks, other_k)),
-        "count_draws": counted, "counts_beyond": counts,
-        "expected_beyond": {c: counted * _p_abs_beyond(float(c)) for c in counts},
-        "total_draws": drawn, "max_abs_z": zmax,
-        "p_none_beyond_5.77": math.exp(-drawn * _p_abs_beyond(5.77)),
-        "max_beyond_float32_cut_5.77": zmax > 5.77,
-        "tail_draw_s": time.perf_counter() - t,
+        "count_draws": tail["draws"], "counts_beyond": {c: v["count"] for c, v in beyond.items()},
+        "expected_beyond": {c: v["expected"] for c, v in beyond.items()},
+        "total_draws": tail["draws"], "max_abs_z": tail["max_abs"],
+        "p_none_beyond_5.77": math.exp(-tail["draws"] * _p_abs_beyond(5.77)),
+        "max_beyond_float32_cut_5.77": tail["max_abs"] > 5.77,
+        "tail_draw_s": tail["seconds"],
     }
 
 
@@ -132,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             doc["errors"][f"timing/{name}"] = repr(e)
         save()
     try:
-        doc["law"] = law(device, total, chunk=50_000_000 if cuda else 5_000_000, count_draws=min(total, 200_000_000))
+        doc["law"] = law(device, total, chunk=50_000_000 if cuda else 5_000_000)
         print(json.dumps(doc["law"], indent=1), flush=True)
     except Exception as e:  # noqa: BLE001
         doc["errors"]["law"] = repr(e)

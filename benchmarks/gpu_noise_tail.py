@@ -25,10 +25,12 @@ CUTS = (3.0, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5)
 CHUNK = 100_000_000
 
 
-def count_tail(draws: int, device: str = "cuda", chunk: int = CHUNK) -> dict:
-    """Tail counts of ``draws`` noise values drawn on ``device`` (see the module docstring)."""
-    key = NodeKey(secrets.randbits(256), reproducible=False)
-    counts = dict.fromkeys(CUTS, 0)
+def count_tail(draws: int, device: str = "cuda", chunk: int = CHUNK, *, cuts: tuple[float, ...] = CUTS,
+               key: NodeKey | None = None) -> dict:
+    """Tail counts of ``draws`` noise values drawn on ``device`` beyond each of ``cuts`` (see the module docstring);
+    ``key`` defaults to a fresh secret."""
+    key = NodeKey(secrets.randbits(256), reproducible=False) if key is None else key
+    counts = dict.fromkeys(cuts, 0)
     n = k = 0
     top = s1 = s2 = s4 = 0.0
     t0 = time.perf_counter()
@@ -36,16 +38,19 @@ def count_tail(draws: int, device: str = "cuda", chunk: int = CHUNK) -> dict:
         m = min(chunk, draws - n)
         z = gaussian_noise(m, 1.0, noise_generator(key, 0, k), dtype=torch.float64, device=device)
         a = z.abs()
-        for c in CUTS:
+        for c in cuts:
             counts[c] += int((a > c).sum())
         top = max(top, float(a.max()))
         s1, s2, s4 = s1 + float(z.sum()), s2 + float((z * z).sum()), s4 + float((z**4).sum())
         n, k = n + m, k + 1
-    expect = {c: n * math.erfc(c / math.sqrt(2)) for c in CUTS}
+        del z, a
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    expect = {c: n * math.erfc(c / math.sqrt(2)) for c in cuts}
     return {"device": device, "sampler": gaussian_sampler(device), "draws": n, "seconds": time.perf_counter() - t0,
             "max_abs": top, "mean": s1 / n, "var": s2 / n, "fourth_moment": s4 / n,
             "beyond": {str(c): {"count": counts[c], "expected": expect[c],
-                                "poisson_sd": (counts[c] - expect[c]) / math.sqrt(expect[c])} for c in CUTS}}
+                                "poisson_sd": (counts[c] - expect[c]) / math.sqrt(expect[c])} for c in cuts}}
 
 
 def main(argv: list[str] | None = None) -> int:

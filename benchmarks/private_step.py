@@ -36,6 +36,9 @@ __all__ = ["run", "make_steps", "make_opacus_steps", "profile_fast_step", "OPACU
 
 MODELS = {"cnn": "shallow_cnn", "mlp": "mlp_2layer"}
 
+#: Consecutive steps per timed call of the prefetch comparison (``*_chain``).
+PREFETCH_CHAIN = 5
+
 #: Opacus ``grad_sample_mode`` values timed beside our step.
 OPACUS_MODES = ("hooks", "ghost", "functorch")
 
@@ -51,7 +54,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     sample's shape (``(3, 32, 32)`` for the CIFAR models)."""
     from flower_dp.mechanisms.clipping import per_sample_clipped_grad_sum
     from flower_dp.mechanisms.ghost_clipping import ghost_clipped_grad_sum
-    from flower_dp.mechanisms.noise import gaussian_noise
+    from flower_dp.mechanisms.noise import NoisePrefetcher, gaussian_noise
     from flower_dp.models import build_model
     from flower_dp.rng import node_secret, noise_generator
 
@@ -93,6 +96,34 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
 
         return step
 
+    def private_prefetch(clip_fn, chain: int):
+        """``chain`` consecutive DP steps of one node with its noise drawn ahead (``run.prefetch_noise``: the next
+        step's standard normals drawn on the noise thread while this one computes its gradient).  Consecutive,
+        so the thread has only the gradient computation of one step to draw the next step's noise in."""
+        model = build_model(model_name, seed=seed).to(device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        pre, k = NoisePrefetcher(), [0]
+
+        def steps():
+            for _ in range(chain):
+                gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
+                k[0] += 1
+                gsum.add_(pre.noise(key, 0, k[0], noise_multiplier * clip, gsum.numel(), next_k=k[0] + 1))
+                views, start = [], 0
+                for p in params:
+                    views.append(gsum[start : start + p.numel()].view_as(p))
+                    start += p.numel()
+                with torch.no_grad():
+                    torch._foreach_add_(params, views, alpha=-lr / batch)
+
+        return steps
+
+    def chained(step, chain: int):
+        def steps():
+            for _ in range(chain):
+                step()
+        return steps
+
     model = build_model(model_name, seed=seed).to(device)
     d = sum(p.numel() for p in model.parameters())
     buf, kn = torch.empty(d, device=device), [0]
@@ -107,6 +138,10 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
         "nonprivate": nonprivate(),
         "dp_vmap": private(per_sample_clipped_grad_sum),
         "dp_fast": private(ghost_clipped_grad_sum),
+        # blocks of PREFETCH_CHAIN consecutive steps (per step: divide by it), with their own yardstick
+        "nonprivate_chain": chained(nonprivate(), PREFETCH_CHAIN),
+        "dp_fast_chain": chained(private(ghost_clipped_grad_sum), PREFETCH_CHAIN),
+        "dp_fast_prefetch_chain": private_prefetch(ghost_clipped_grad_sum, PREFETCH_CHAIN),
     }
 
 
@@ -235,6 +270,11 @@ def run(quick: bool = False) -> dict:
             tv = interleaved_times({"nonprivate_v": steps["nonprivate"], "dp_vmap": steps["dp_vmap"]},
                                    repeats=max(3, repeats // 2))
             times.update(tv)
+            # the noise drawn ahead: blocks of consecutive steps of one node, interleaved with in-line blocks and
+            # non-private blocks (so the noise thread gets no idle time from the other variants)
+            tc = interleaved_times({k: steps[k] for k in ("nonprivate_chain", "dp_fast_chain", "dp_fast_prefetch_chain")},
+                                   repeats=max(3, reps // PREFETCH_CHAIN))
+            times.update({k: [t / PREFETCH_CHAIN for t in v] for k, v in tc.items()})
             # min of repeats: the least-disturbed run of each step (timeit's advice on a shared machine);
             # medians are kept beside it
             med = {k: min(v) for k, v in times.items()}
@@ -252,6 +292,11 @@ def run(quick: bool = False) -> dict:
                 "noise_ms": round(med["noise"] * 1e3, 4),
                 "clip_fast_only_ms": round(med["clip_fast_only"] * 1e3, 4),
                 "ratio_fast_without_noise": round((med["dp_fast"] - med["noise"]) / base, 3),
+                # run.prefetch_noise: the noise drawn on a second thread while the gradient is computed
+                "dp_fast_prefetch_ms": round(med["dp_fast_prefetch_chain"] * 1e3, 4),
+                "ratio_fast_prefetch": round(med["dp_fast_prefetch_chain"] / med["nonprivate_chain"], 3),
+                "median_ratio_fast_prefetch": round(mdn["dp_fast_prefetch_chain"] / mdn["nonprivate_chain"], 3),
+                "median_ratio_fast_chain": round(mdn["dp_fast_chain"] / mdn["nonprivate_chain"], 3),
                 "repeats": reps,
             }
             table[f"{short}_b{b}"].update(_opacus_case(name, b, steps, repeats, short, opacus_version))

@@ -88,10 +88,14 @@ class ExperimentParts:
                            **kw)
 
     def build_node(self, node_id: int, device: str = "cpu") -> Any:
-        """Node ``node_id``: its partition of the training set, a fresh model, the plan and the topology."""
+        """Node ``node_id``: its partition of the training set, a fresh model, the plan and the topology (drawing its
+        noise ahead when the config's ``run.prefetch_noise`` says so)."""
         idx = torch.as_tensor(self.partitions[node_id], dtype=torch.long)
-        return make_run_node(self.plan, node_id, topology=self.topology, model=self.new_model(),
+        node = make_run_node(self.plan, node_id, topology=self.topology, model=self.new_model(),
                              data_x=self.train.x[idx], data_y=self.train.y[idx], device=device)
+        if self.config["run"].get("prefetch_noise", False) and hasattr(node, "prefetch_noise"):
+            node.prefetch_noise(True)
+        return node
 
     def test_data(self) -> tuple[Any, Any]:
         """``(x_test, y_test)``: the test split, its first ``data.test_samples`` when set."""

@@ -42,7 +42,8 @@ def test_quick_suite_writes_every_required_key(quick_doc):
 def test_quick_suite_figures_are_positive_ratios(quick_doc):
     """Every figure whose code exists is a finite positive number; the Ray ones are null with a note."""
     for key in ("private_step_ratio_cnn_b64", "private_step_ratio_mlp_b64", "lrq_codec_ratio", "wire_ratio",
-                "private_step_median_ratio_cnn_b64", "lrq_codec_median_ratio", "lrq_codec_cpu_median_ratio"):
+                "private_step_median_ratio_cnn_b64", "lrq_codec_median_ratio", "lrq_codec_cpu_median_ratio",
+                "private_step_median_ratio_cnn_b64_prefetch", "private_step_median_ratio_mlp_b64_prefetch"):
         v = quick_doc[key]
         assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
     # bucketing rounds noise levels down: eps can only grow (accountant.bucket_steps docstring)

@@ -167,3 +167,20 @@ def test_noise_tail_counter_on_cpu_matches_the_gaussian(tmp_path):
     assert abs(res["var"] - 1) < 0.01 and abs(res["mean"]) < 0.005
     for cut in ("3.0", "4.0"):
         assert abs(res["beyond"][cut]["poisson_sd"]) < 6, res["beyond"][cut]
+
+
+def test_gpu_noise_check_runs_on_the_cpu(tmp_path):
+    """benchmarks.gpu_noise_check on the CPU sampler, small: the timing sections and the law (through
+    gpu_noise_tail.count_tail), which finds numpy's float64 sampler Gaussian."""
+    import json
+
+    from benchmarks import gpu_noise_check
+
+    out = tmp_path / "check.json"
+    assert gpu_noise_check.main(["--device", "cpu", "--out", str(out), "--repeats", "2", "--tail-draws", "2e6"]) == 0
+    doc = json.loads(out.read_text())
+    law = doc["law"]
+    assert law["ks_ok"] and law["same_key_same_numbers"] and law["out_bit_identical"] and law["other_k_differs"]
+    assert law["total_draws"] == law["count_draws"] == 2_000_000
+    assert set(law["counts_beyond"]) == {"5.0", "5.5", "6.0"} and 3 < law["max_abs_z"] < 13.7
+    assert doc["sampler"] == "numpy-float64" and set(doc["timing"]) == {"mlp", "shallow_cnn", "resnet18_gn"}

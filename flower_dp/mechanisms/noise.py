@@ -11,14 +11,16 @@ independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute
 
 from __future__ import annotations
 
+import os
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from flower_dp._checks import check_int, check_nonnegative
 
-__all__ = ["gaussian_noise", "laplace_noise", "gaussian_sampler", "is_proven_sampler", "TAIL_CUT_STD",
+__all__ = ["gaussian_noise", "laplace_noise", "NoisePrefetcher", "gaussian_sampler", "is_proven_sampler", "TAIL_CUT_STD",
            "TAIL_CUT_STD_BY_SAMPLER", "GAUSSIAN_SAMPLER", "CUDA_GAUSSIAN_SAMPLER", "PROVEN_SAMPLERS"]
 
 #: The largest |draw| / std :func:`gaussian_noise` can produce.  numpy's float64 ziggurat draws the tail beyond
@@ -155,11 +157,99 @@ def gaussian_noise(
         return z_dev if dtype == torch.float64 else z_dev.to(dtype)
     z = _scratch(d)
     generator.standard_normal(out=z)
+    return _scaled(z, std, dtype, device, out)
+
+
+def _scaled(z: np.ndarray, std: float, dtype: torch.dtype, device, out: torch.Tensor | None) -> torch.Tensor:
+    """``std * z`` (``z`` standard normals in float64, scaled in place) rounded to ``dtype``, in new memory or ``out``."""
     z *= std
     draw = torch.from_numpy(z)
     if out is not None:
         return out.copy_(draw)  # rounded to out's dtype as .to(dtype) rounds: the new tensor's numbers, bit for bit
-    return draw.to(device=device, dtype=dtype, copy=True)  # own memory (z is this thread's scratch buffer)
+    return draw.to(device=device, dtype=dtype, copy=True)  # own memory (z is a reused buffer)
+
+
+_EXECUTOR: ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> ThreadPoolExecutor:
+    """The process's noise thread (one worker: numpy fills arrays without the GIL, so it runs beside torch)."""
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flower-dp-noise")
+        return _EXECUTOR
+
+
+def _forget_executor() -> None:  # a forked child has none of its parent's threads: it makes its own
+    global _EXECUTOR, _EXECUTOR_LOCK
+    _EXECUTOR, _EXECUTOR_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_executor)
+
+
+def _fill(generator: np.random.Generator, buf: np.ndarray) -> np.ndarray:
+    generator.standard_normal(out=buf)
+    return buf
+
+
+class NoisePrefetcher:
+    """One node's Gaussian noise with the next iteration's draw made ahead, on a background thread.
+
+    :meth:`noise` returns exactly what :func:`gaussian_noise` returns for the same stream, bit for bit: the
+    standard normals of stream ``(key, node, k)`` are the first ``d`` draws of
+    ``flower_dp.rng.noise_generator(key, node, k)`` whichever thread makes them, and the scaling and the rounding
+    happen at release time, with the std of that release.  Given ``next_k``, it then starts drawing the standard
+    normals of ``(key, node, next_k)`` into its own float64 buffer (``8 d`` bytes per node) on the process's noise
+    thread, so the next release finds them drawn while this node (or the others of the process) computed its
+    gradients: numpy fills the array without holding the GIL.  A draw made ahead for another key (a node restored
+    from a checkpoint draws from a fresh secret), another iteration or another length is dropped, never used.
+    What is drawn ahead never leaves the node and nothing is charged for it: a release is charged when it is made.
+
+    CPU only: nodes on a CUDA device draw on the device (:func:`gaussian_noise`), already asynchronously.
+    """
+
+    def __init__(self) -> None:
+        self._buf: np.ndarray | None = None
+        self._pending: tuple[object, int, int, int, Future] | None = None  # (key, node, k, d, future)
+
+    def _take(self, key, node: int, k: int, d: int) -> np.ndarray | None:
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        pkey, pnode, pk, pd, fut = pending
+        z = fut.result()  # also when it is dropped: the buffer is free again once the draw is over
+        return z if (pkey is key and pnode == node and pk == k and pd == d) else None
+
+    def noise(self, key, node: int, k: int, std: float, d: int, *, next_k: int | None = None,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``N(0, std^2 I_d)`` of stream ``(key, node, k)`` on the CPU (as :func:`gaussian_noise`), then the draw of
+        ``(key, node, next_k)`` started in the background when ``next_k`` is given and ``std > 0``."""
+        from flower_dp.rng import noise_generator
+
+        d = check_int("d", d, minimum=0)
+        std = check_nonnegative("std", std, hint="std is a standard deviation; 0 means no noise")
+        z = self._take(key, node, k, d)
+        if std == 0.0:
+            return torch.zeros(d, dtype=dtype)
+        if z is None:
+            if self._buf is None or self._buf.shape[0] != d:
+                self._buf = np.empty(d, dtype=np.float64)
+            z = _fill(noise_generator(key, node, k), self._buf)
+        out = _scaled(z, std, dtype, "cpu", None)
+        if next_k is not None:
+            self._pending = (key, int(node), int(next_k), d,
+                             _executor().submit(_fill, noise_generator(key, node, next_k), z))
+        return out
+
+    def cancel(self) -> None:
+        """Drop the draw made ahead (waits for it to end, so the buffer is free)."""
+        if self._pending is not None:
+            self._pending[-1].result()
+            self._pending = None
 
 
 def laplace_noise(

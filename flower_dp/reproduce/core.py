@@ -244,7 +244,8 @@ def _same_config(stored: Any, cfg: Any) -> bool:
     from ..experiments import config_from_dict
 
     def placeless(conf: dict[str, Any]) -> dict[str, Any]:
-        return {**conf, "run": {k: v for k, v in conf.get("run", {}).items() if k != "device"}}
+        # where and how the nodes ran, not what they computed: the same results (prefetched noise is bit for bit)
+        return {**conf, "run": {k: v for k, v in conf.get("run", {}).items() if k not in ("device", "prefetch_noise")}}
 
     if not isinstance(stored, dict):
         return False
