@@ -70,18 +70,22 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
             for v, name in (("const", "Const-D2P"), ("dyn", "Dyn-D2P")):
                 specs.append(spec(f"{v}-clip-only", {"diagnostic": "clip only", "algorithm": name},
                                   {"variant": v, "clip_only": True}, seed))
-            for inv in sorted(g["inv_rho"], reverse=True):  # the open question first: Dyn-D2P, the mildest decay
-                specs.append(spec(f"dyn-inv{inv:g}", {"diagnostic": "grid", "algorithm": "Dyn-D2P", "inv_rho": inv},
-                                  {"variant": "dyn", "rho_c": 1 / inv, "rho_mu": 1 / inv}, seed))
-            for cb in g["clip_bar"]:
-                specs.append(spec(f"const-cbar{cb:g}", {"diagnostic": "grid", "algorithm": "Const-D2P",
-                                                        "clip_bar": cb}, {"variant": "const", "clip_bar": cb}, seed))
+            # in the order of the questions' weight (a sweep that stops early has answered the first ones): Dyn-D2P's
+            # mildest decays, then the step size (Dyn-D2P has the largest gap), then the rest of the grids
+            invs = sorted(g["inv_rho"], reverse=True)
+            dyn_grid = [spec(f"dyn-inv{inv:g}", {"diagnostic": "grid", "algorithm": "Dyn-D2P", "inv_rho": inv},
+                             {"variant": "dyn", "rho_c": 1 / inv, "rho_mu": 1 / inv}, seed) for inv in invs]
+            specs += dyn_grid[:2]
             lr = s["lr"] * LR_FACTOR
-            for v, name in (("const", "Const-D2P"), ("dyn", "Dyn-D2P")):
+            for v, name in (("dyn", "Dyn-D2P"), ("const", "Const-D2P")):
                 specs.append(spec(f"{v}-clip-only-lr{lr:g}", {"diagnostic": LR_TWIN, "algorithm": name},
                                   {"variant": v, "clip_only": True, "lr": lr}, seed))
                 specs.append(spec(f"{v}-lr{lr:g}", {"diagnostic": LR_PRIVATE, "algorithm": name},
                                   {"variant": v, "lr": lr}, seed))
+            specs += dyn_grid[2:]
+            for cb in g["clip_bar"]:
+                specs.append(spec(f"const-cbar{cb:g}", {"diagnostic": "grid", "algorithm": "Const-D2P",
+                                                        "clip_bar": cb}, {"variant": "const", "clip_bar": cb}, seed))
             for v, name in (("const", "Const-D2P"), ("dyn", "Dyn-D2P")):
                 specs.append(spec(f"{v}-batch{BATCH_FACTOR * s['B']}", {"diagnostic": "batch", "algorithm": name},
                                   {"variant": v}, seed, batch=BATCH_FACTOR * s["B"]))
