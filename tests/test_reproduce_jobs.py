@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -134,3 +135,33 @@ def test_a_fresh_clone_reuses_committed_records_and_reruns_only_what_changed(tmp
     third = run_sweep(paper, [changed, specs[1]], tmp_path, log=lambda m: None)
     assert not any(r["reused"] for r in third)
     assert third[0]["num_iters"] == 9
+
+
+def test_float32_records_are_made_again_last_and_kept_until_then(tmp_path, monkeypatch):
+    """A committed record whose noise came from torch's float32 sampler is made again (its eps is not proven), but
+    after every missing run, and records.json keeps it until then: a sweep stopped half-way loses no result."""
+    import shutil
+
+    from flower_dp.reproduce import core
+
+    paper, specs = _smoke_specs(3)
+    run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    doc = json.loads((tmp_path / "records.json").read_text())
+    assert math.isfinite(doc["records"][1]["eps_rigorous"])  # a private run
+    doc["records"][1]["gaussian_sampler"] = "torch-float32"  # as made before the float64 sampler
+    doc["records"] = doc["records"][:2]  # the third run is missing (a fresh clone of an unfinished sweep)
+    (tmp_path / "records.json").write_text(json.dumps(doc))
+    shutil.rmtree(tmp_path / "runs")
+    calls, seen = [], []
+    real = core._run_one
+
+    def spy(paper_, spec, run_dir, backend, device=None):
+        calls.append(spec.run_id)
+        seen.append([r["run_id"] for r in json.loads((tmp_path / "records.json").read_text())["records"]])
+        return real(paper_, spec, run_dir, backend, device)
+
+    monkeypatch.setattr(core, "_run_one", spy)
+    again = run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    assert calls == [specs[2].run_id, specs[1].run_id]  # the missing run first, the re-make last
+    assert seen[0] == [specs[0].run_id, specs[1].run_id]  # the float32 record stays until it is made again
+    assert again[0]["reused"] and not again[1]["reused"] and again[1]["gaussian_sampler"] == "numpy-float64"

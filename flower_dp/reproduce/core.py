@@ -504,7 +504,8 @@ def run_sweep(
 
     ``jobs > 1`` runs that many specs at once, each in a process of its own with one torch thread (the way to
     use several cores: one run per core).  Records are the same as with ``jobs=1``; ``records.json`` is
-    rewritten, in spec order, each time a run finishes, holding the runs finished so far.  ``device`` places the
+    rewritten, in spec order, each time a run finishes, holding the runs finished so far and the committed records
+    still waiting to be made again (float32 noise: those run last, after every missing run).  ``device`` places the
     push-sum runs ("cpu", "cuda", "cuda:N", "auto"; None: their configs', the CPU); it is not part of a run's
     identity, so finished runs are reused whatever device made them (records name it: ``device``).
     """
@@ -520,6 +521,12 @@ def run_sweep(
     done: dict[int, dict[str, Any]] = {}
     bar = _progress(len(specs), f"{paper.name}")
     committed = committed_records(out)
+    # committed records of these very configs whose noise came from torch's float32 sampler: made again (their eps
+    # is not proven) after every run that is missing, and kept in records.json until then (their accuracies stand;
+    # the report's caveat names them), so a sweep stopped half-way loses no result
+    stale = {i: committed[s.run_id] for i, s in enumerate(specs)
+             if s.run_id in committed and committed[s.run_id].get("config_sha") == config_sha(s.config)
+             and drew_float32_noise(with_sampler(committed[s.run_id], s.kind))}
 
     def finish(i: int, doc: dict[str, Any] | None, cpu: float, wall: float, rec: dict[str, Any] | None = None
                ) -> None:
@@ -539,7 +546,8 @@ def run_sweep(
                else f"eps rigorous {fmt(rec['eps_rigorous'])}")
         log(f"[{len(done)}/{len(specs)}] {spec.run_id}: acc {fmt(rec['final_acc'])}, "
             f"{eps} (paper {fmt(rec['eps_paper'])}) - {state}")
-        _write_records(out, [done[j] for j in sorted(done)], meta)
+        _write_records(out, [done[j] if j in done else stale[j] for j in range(len(specs)) if j in done or j in stale],
+                       meta)
         if bar is not None:
             bar.update(1)
 
@@ -553,6 +561,7 @@ def run_sweep(
                 finish(i, None, 0.0, 0.0, rec=rec)
             else:
                 todo.append(i)
+        todo = [i for i in todo if i not in stale] + [i for i in todo if i in stale]
         if int(jobs) == 1:
             for i in todo:
                 spec = specs[i]

@@ -29,7 +29,14 @@ def _build_tables(scale: str, table: str, seeds: list[int]):
                     specs.append(pushsum_spec(
                         f"{table}-{v}-eps{eps:g}-{cal}", {"algorithm": _label(v), "eps": eps, "calibration": cal},
                         seed=seed, params={**base, "variant": v, "epsilon": eps, "calibration": cal}, **common))
-    return specs
+    # the headline cells first (a sweep stopped by a session's end has made those): non-private and the headline
+    # pair at the paper's own calibration, every seed; then the pair at the rigorous one; then the ablations
+    return sorted(specs, key=lambda sp: (_tier(sp.labels), sp.seed))
+
+
+def _tier(labels: dict) -> int:
+    headline = labels["algorithm"] in ("Non-private", "Const-D2P", "Dyn-D2P")
+    return (0 if labels["calibration"] != "rigorous" else 1) if headline else (2 if labels["calibration"] == "paper" else 3)
 
 
 def _claims_tables(records, table: str, scale: str) -> list[Claim]:
