@@ -30,13 +30,45 @@ from torch import nn
 
 from ._checks import check_choice, check_int
 
-__all__ = ["build_model", "count_parameters", "shared_parameter_names", "model_name_of", "MODELS", "PartPSPMLP",
+__all__ = ["build_model", "count_parameters", "max_pool2", "shared_parameter_names", "model_name_of", "MODELS", "PartPSPMLP",
            "cross_entropy_loss", "resolve_device"]
 
 
 def cross_entropy_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """The classification loss every experiment uses (mean cross-entropy); picklable, so Ray/relay nodes can share it."""
     return torch.nn.functional.cross_entropy(logits, y)
+
+
+_POOL_BASE: dict[tuple, torch.Tensor] = {}
+
+
+def max_pool2(x: torch.Tensor) -> torch.Tensor:
+    """``F.max_pool2d(x, 2)``, the same numbers bit for bit (values and gradients, ties included), about 2x faster
+    on a CPU.
+
+    PyTorch's CPU kernel took 3.4 ms of a 4.0 ms forward + backward for a (32, 32, 24, 24) input (the shallow CNN's
+    first pooling, B = 32; measured 2026-11-26): 12 % of a Dyn-D2P node step.  Here the maximum of the four strided
+    views gives each window's winner, the first maximum in row-major order as that kernel picks it (offsets 0, 1, W,
+    W + 1 from uint8 masks), and ``gather`` takes it: differentiable, ``vmap``-able, and its backward scatters each
+    output gradient to the winner as max-pooling's does; a window holding a NaN gives NaN.  Falls back to
+    ``F.max_pool2d`` for an input that is not (B, C, H, W) with even H and W (up to 254).
+    """
+    if x.dim() != 4 or x.shape[2] % 2 or x.shape[3] % 2 or x.shape[3] > 254 or not x.is_floating_point():
+        return nn.functional.max_pool2d(x, 2)
+    b, c, h, w = x.shape
+    with torch.no_grad():
+        q = (x[..., 0::2, 0::2], x[..., 0::2, 1::2], x[..., 1::2, 0::2], x[..., 1::2, 1::2])
+        top = torch.maximum(torch.maximum(q[0], q[1]), torch.maximum(q[2], q[3]))
+        key = (h, w, x.device)
+        base = _POOL_BASE.get(key)
+        if base is None:  # the flat index of each window's top-left element
+            base = _POOL_BASE[key] = (torch.arange(0, h, 2, device=x.device).view(-1, 1) * w
+                                      + torch.arange(0, w, 2, device=x.device).view(1, -1))
+        na, nb, nc = ((v != top).to(torch.uint8) for v in q[:3])
+        idx = (na * (nb * (nc + (w - 1)) + 1) + base).view(b, c, -1)
+        nan = torch.isnan(top)
+    out = x.reshape(b, c, h * w).gather(2, idx).view(b, c, h // 2, w // 2)
+    return torch.where(nan, top, out)  # a window with a NaN gives NaN, as max-pooling does (no branch: vmap-able)
 
 
 def resolve_device(name: str, *, log: bool = True) -> str:
@@ -64,8 +96,8 @@ class ShallowCNN(nn.Module):
         self.fc2 = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2(torch.relu(self.conv1(x)))
+        x = max_pool2(torch.relu(self.conv2(x)))
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
@@ -128,8 +160,8 @@ class LeNet(nn.Module):
         self.fc3 = nn.Linear(84, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = nn.functional.max_pool2d(torch.relu(self.conv1(x)), 2)
-        x = nn.functional.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = max_pool2(torch.relu(self.conv1(x)))
+        x = max_pool2(torch.relu(self.conv2(x)))
         x = torch.relu(self.fc1(x.flatten(1)))
         return self.fc3(torch.relu(self.fc2(x)))
 
