@@ -152,16 +152,16 @@ def test_ci_settings_are_unchanged_by_the_paper_scale():
 
 
 def test_dyn_d2p_diagnostics_at_paper_scale_are_the_settings_of_table2():
-    """``table2-diag``: 15 runs per seed at Table 2's paper setting (n 20, K 3000, B 32, lr 0.03, eps 0.3, the
+    """``table2-diag``: 17 runs per seed at Table 2's paper setting (n 20, K 3000, B 32, lr 0.03, eps 0.3, the
     paper's calibration): non-private, two clip-only twins, Cbar 2.5/1.5/0.5, 1/rho 0.1/0.5/0.8, the clip-only twins
-    and the private runs at 10x the step size (lr 0.3), and B 128 at K 750."""
+    and the private runs at 10x the step size (lr 0.3), the private runs at 3x (lr 0.09), and B 128 at K 750."""
     specs, n_seeds = _specs("dyn-d2p", "table2-diag")
-    assert len(specs) == 15 * n_seeds
+    assert len(specs) == 17 * n_seeds
     for s in specs:
         cfg = config_from_dict(s.config)
         p = s.config["algorithm"]["params"]
         assert cfg.to_dict()["topology"]["n_nodes"] == 20 and s.config["model"]["name"] == "shallow_cnn"
-        assert p["lr"] == (0.3 if "lr x10" in s.labels["diagnostic"] else 0.03)
+        assert p["lr"] == {"lr x10": 0.3, "clip only, lr x10": 0.3, "lr x3": 0.09}.get(s.labels["diagnostic"], 0.03)
         assert (s.config["run"]["num_iters"], p["batch_size"]) in ((3000, 32), (750, 128))
         assert p["variant"] == "nonprivate" or (p["epsilon"] == 0.3 and p["calibration"] == "paper")
     twins = [s for s in specs if s.config["algorithm"]["params"].get("clip_only")]
@@ -182,11 +182,11 @@ def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
     for rid in ("diag-const-clip-only-s0", "diag-dyn-clip-only-s0", "diag-nonprivate-s0"):
         assert recs[rid]["eps_rigorous"] == float("inf")
     assert all(0 < recs[r]["eps_rigorous"] < 1 for r in recs if "cbar" in r or "inv" in r or "batch" in r
-               or r.endswith("-lr1-s0") and "clip-only" not in r)
+               or (r.endswith("-lr1-s0") or r.endswith("-lr0.3-s0")) and "clip-only" not in r)
     assert recs["diag-dyn-clip-only-lr1-s0"]["eps_rigorous"] == float("inf")
     names = [c.name for c in rep.claims]
-    assert len(names) == 13 and sum("clipping alone" in n for n in names) == 4
-    assert sum("10x the step size" in n for n in names) == 4
+    assert len(names) == 15 and sum("clipping alone" in n for n in names) == 4
+    assert sum("10x the step size" in n for n in names) == 4 and sum("3x the step size" in n for n in names) == 2
     assert sum("no noise at all" in n for n in names) == 2  # the twin bounds what any noise calibration can reach
     assert all("non-private" in c.detail or "best" in c.detail or "vs" in c.detail for c in rep.claims)
     assert (tmp_path / "diagnostics.png").is_file() and "clip only" in (tmp_path / "report.md").read_text()

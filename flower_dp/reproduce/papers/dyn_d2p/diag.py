@@ -41,6 +41,9 @@ BATCH_FACTOR = 4
 LR_FACTOR = 10
 #: the ``diagnostic`` labels of the step-size runs
 LR_TWIN, LR_PRIVATE = f"clip only, lr x{LR_FACTOR}", f"lr x{LR_FACTOR}"
+#: a milder step size for the private runs (at 10x the noise blows the network average's loss up), and its label
+LR_MILD = 3
+LR_PRIVATE_MILD = f"lr x{LR_MILD}"
 
 
 def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delta: float,
@@ -82,6 +85,10 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
                                   {"variant": v, "clip_only": True, "lr": lr}, seed))
                 specs.append(spec(f"{v}-lr{lr:g}", {"diagnostic": LR_PRIVATE, "algorithm": name},
                                   {"variant": v, "lr": lr}, seed))
+            mild = round(s["lr"] * LR_MILD, 10)
+            for v, name in (("dyn", "Dyn-D2P"), ("const", "Const-D2P")):
+                specs.append(spec(f"{v}-lr{mild:g}", {"diagnostic": LR_PRIVATE_MILD, "algorithm": name},
+                                  {"variant": v, "lr": mild}, seed))
             specs += dyn_grid[2:]
             for cb in g["clip_bar"]:
                 specs.append(spec(f"const-cbar{cb:g}", {"diagnostic": "grid", "algorithm": "Const-D2P",
@@ -139,14 +146,16 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
                                  f"non-private {fmt(nonpriv['final_acc'])}, clip-only at lr {base_lr * LR_FACTOR:g} "
                                  f"{fmt(fast['final_acc'])}" + (f" (at lr {base_lr:g}: {fmt(twin['final_acc'])})"
                                                                 if twin is not None else "")))
-            noisy = pick(groups, diagnostic=LR_PRIVATE, algorithm=name)
-            if noisy is not None:
+            for factor, label in ((LR_FACTOR, LR_PRIVATE), (LR_MILD, LR_PRIVATE_MILD)):
+                noisy = pick(groups, diagnostic=label, algorithm=name)
+                if noisy is None:
+                    continue
                 gap = noisy["final_acc"] - paper_at[name]
-                out.append(Claim(f"{name}: with {LR_FACTOR}x the step size, eps {DIAG_EPS:g} is within 3 points of the "
+                out.append(Claim(f"{name}: with {factor}x the step size, eps {DIAG_EPS:g} is within 3 points of the "
                                  f"paper's {paper_at[name] * 100:.2f} %", bool(abs(gap) <= 0.03),
-                                 f"{fmt(noisy['final_acc'])} at lr {base_lr * LR_FACTOR:g} vs the paper's {paper_at[name]:.4f} "
-                                 f"({gap * 100:+.1f} points; rigorous "
-                                 f"eps {fmt(noisy['eps_rigorous'])})"))
+                                 f"{fmt(noisy['final_acc'])} at lr {base_lr * factor:g} vs the paper's "
+                                 f"{paper_at[name]:.4f} ({gap * 100:+.1f} points; rigorous eps "
+                                 f"{fmt(noisy['eps_rigorous'])}; final test loss {fmt(noisy['final_loss'])})"))
         for name in ("Const-D2P", "Dyn-D2P"):
             big = pick(groups, diagnostic="batch", algorithm=name)
             base = [g for g in groups if g["diagnostic"] == "grid" and g["algorithm"] == name
@@ -162,7 +171,7 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
     def render(records, scale: str, out: Path):
         groups = group_records(records)
         s = settings[scale]
-        order = {"non-private": 0, "clip only": 1, "grid": 2, LR_TWIN: 3, LR_PRIVATE: 4, "batch": 5}
+        order = {"non-private": 0, "clip only": 1, "grid": 2, LR_TWIN: 3, LR_PRIVATE: 4, LR_PRIVATE_MILD: 5, "batch": 6}
         rows = sorted(groups, key=lambda g: (order.get(g["diagnostic"], 9), g["algorithm"], str(g["clip_bar"]),
                                              str(g["inv_rho"])))
         lines = [f"## Dyn-D2P Table 2 diagnostics at eps = {DIAG_EPS:g} (shallow CNN, n = {s['n']}, K = {s['K']} at "
@@ -192,7 +201,8 @@ def diag_table(settings: dict[str, dict[str, Any]], clip: dict[str, float], delt
                 "paper's grids (Cbar 2.5 ... 0.5; 1/rho 0.1 ... 0.8, an 8 x 8 grid for Dyn-D2P).",
                 f"Batch {BATCH_FACTOR * s['B']} runs K = {s['K'] // BATCH_FACTOR} iterations (the same epochs as "
                 f"B = {s['B']} at K = {s['K']}).",
-                f"The step-size runs use lr = {s['lr'] * LR_FACTOR:g} ({LR_FACTOR}x the paper's {s['lr']:g}), the paper's "
+                f"The step-size runs use lr = {s['lr'] * LR_FACTOR:g} ({LR_FACTOR}x the paper's {s['lr']:g}; the private "
+                f"runs also {s['lr'] * LR_MILD:g}, {LR_MILD}x), the paper's "
                 "clipping defaults and K; the paper reports lr 0.03 for the CNN but not its batch size or K (its "
                 "pseudo-code steps on one sample).",
                 "Clip-only twins are not private (no noise, nothing charged): diagnostics, never results.",
@@ -211,6 +221,8 @@ def _setting(g: dict[str, Any]) -> str:
         parts.append(f"1/rho {g['inv_rho']:g}")
     if g.get("diagnostic") in (LR_TWIN, LR_PRIVATE):
         parts.append(f"lr x{LR_FACTOR}")
+    if g.get("diagnostic") == LR_PRIVATE_MILD:
+        parts.append(f"lr x{LR_MILD}")
     if g.get("diagnostic") in ("batch", "clip only", "non-private") or not parts:
         parts.append(f"B {g['batch']}")
     return ", ".join(parts)
