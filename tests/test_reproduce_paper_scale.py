@@ -189,4 +189,7 @@ def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
     assert sum("10x the step size" in n for n in names) == 4 and sum("3x the step size" in n for n in names) == 2
     assert sum("no noise at all" in n for n in names) == 2  # the twin bounds what any noise calibration can reach
     assert all("non-private" in c.detail or "best" in c.detail or "vs" in c.detail for c in rep.claims)
-    assert (tmp_path / "diagnostics.png").is_file() and "clip only" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert (tmp_path / "diagnostics.png").is_file() and "clip only" in report
+    # the diagnosis in numbers, per variant: the clip cost at both step sizes, the best private setting vs the paper
+    assert report.count("private setting(s) here") == 2 and "clipping alone costs" in report
