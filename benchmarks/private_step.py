@@ -76,17 +76,24 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
     lr = 0.0  # the update is computed but parameters stay put: identical work per repeat
     key = node_secret(False, seed)  # the node's secret key (secret mode, the default)
 
-    def private(clip_fn):
+    def private(clip_fn, prefetch: bool = False):
+        """One DP step of one node; ``prefetch``: its noise drawn ahead (``run.prefetch_noise``: the next step's
+        standard normals drawn on the noise thread while this one computes its gradient)."""
         model = build_model(model_name, seed=seed).to(device)
         params = [p for p in model.parameters() if p.requires_grad]
         d = sum(p.numel() for p in params)
         noise = torch.empty(d, device=device)
+        pre = NoisePrefetcher() if prefetch else None
         k = [0]
 
         def step():
             gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
             k[0] += 1  # one stream per iteration, as PushSumNode.gaussian
-            gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 0, k[0]), device=device, out=noise))
+            if pre is None:
+                gsum.add_(gaussian_noise(d, noise_multiplier * clip, noise_generator(key, 0, k[0]), device=device,
+                                         out=noise))
+            else:
+                gsum.add_(pre.noise(key, 0, k[0], noise_multiplier * clip, d, next_k=k[0] + 1))
             views, start = [], 0
             for p in params:
                 views.append(gsum[start : start + p.numel()].view_as(p))
@@ -95,28 +102,6 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
                 torch._foreach_add_(params, views, alpha=-lr / batch)
 
         return step
-
-    def private_prefetch(clip_fn, chain: int):
-        """``chain`` consecutive DP steps of one node with its noise drawn ahead (``run.prefetch_noise``: the next
-        step's standard normals drawn on the noise thread while this one computes its gradient).  Consecutive,
-        so the thread has only the gradient computation of one step to draw the next step's noise in."""
-        model = build_model(model_name, seed=seed).to(device)
-        params = [p for p in model.parameters() if p.requires_grad]
-        pre, k = NoisePrefetcher(), [0]
-
-        def steps():
-            for _ in range(chain):
-                gsum, _ = clip_fn(model, F.cross_entropy, x, y, clip)
-                k[0] += 1
-                gsum.add_(pre.noise(key, 0, k[0], noise_multiplier * clip, gsum.numel(), next_k=k[0] + 1))
-                views, start = [], 0
-                for p in params:
-                    views.append(gsum[start : start + p.numel()].view_as(p))
-                    start += p.numel()
-                with torch.no_grad():
-                    torch._foreach_add_(params, views, alpha=-lr / batch)
-
-        return steps
 
     def chained(step, chain: int):
         def steps():
@@ -141,7 +126,8 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
         # blocks of PREFETCH_CHAIN consecutive steps (per step: divide by it), with their own yardstick
         "nonprivate_chain": chained(nonprivate(), PREFETCH_CHAIN),
         "dp_fast_chain": chained(private(ghost_clipped_grad_sum), PREFETCH_CHAIN),
-        "dp_fast_prefetch_chain": private_prefetch(ghost_clipped_grad_sum, PREFETCH_CHAIN),
+        # consecutive steps: the noise thread has only one gradient computation to draw the next step's noise in
+        "dp_fast_prefetch_chain": chained(private(ghost_clipped_grad_sum, prefetch=True), PREFETCH_CHAIN),
     }
 
 
