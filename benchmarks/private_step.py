@@ -83,7 +83,7 @@ def make_steps(model_name: str, batch: int, *, seed: int = 0, clip: float = 1.0,
         params = [p for p in model.parameters() if p.requires_grad]
         d = sum(p.numel() for p in params)
         noise = torch.empty(d, device=device)
-        pre = NoisePrefetcher() if prefetch else None
+        pre = NoisePrefetcher(noise_generator) if prefetch else None
         k = [0]
 
         def step():

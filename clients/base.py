@@ -320,7 +320,7 @@ class PushSumNode:
         if self._prefetcher is not None:
             self._prefetcher.cancel()
         on_cpu = torch.device(self.device).type == "cpu"
-        self._prefetcher = NoisePrefetcher() if enabled and on_cpu else None
+        self._prefetcher = NoisePrefetcher(noise_generator) if enabled and on_cpu else None
 
     # ----------------------------------------------------------------- interface
     def setup(self) -> None:

@@ -22,7 +22,7 @@ def _inline(key, node, k, std, d, dtype=torch.float32):
 @pytest.mark.parametrize("reproducible", [False, True])
 def test_prefetched_noise_is_the_inline_noise_bit_for_bit(reproducible):
     key = node_secret(reproducible, 5)
-    pre = NoisePrefetcher()
+    pre = NoisePrefetcher(noise_generator)
     stds = [0.7, 1.3, 0.0, 2.5, 1e-3, 0.9]  # the std changes per release (Dyn-D2P's schedule); 0 draws nothing
     for k, std in enumerate(stds):
         nxt = k + 1 if k + 1 < len(stds) else None
@@ -30,7 +30,7 @@ def test_prefetched_noise_is_the_inline_noise_bit_for_bit(reproducible):
         assert got.dtype == torch.float32 and got.shape == (1001,)
         assert torch.equal(got, _inline(key, 3, k, std, 1001)), k
     # float64 as well (no rounding step)
-    pre64 = NoisePrefetcher()
+    pre64 = NoisePrefetcher(noise_generator)
     a = pre64.noise(key, 0, 0, 2.0, 17, next_k=1, dtype=torch.float64)
     b = pre64.noise(key, 0, 1, 2.0, 17, dtype=torch.float64)
     assert torch.equal(a, _inline(key, 0, 0, 2.0, 17, torch.float64))
@@ -39,7 +39,7 @@ def test_prefetched_noise_is_the_inline_noise_bit_for_bit(reproducible):
 
 def test_a_draw_made_for_another_key_iteration_node_or_length_is_dropped():
     k1, k2 = node_secret(False, 0), node_secret(False, 0)  # two secrets: the key of a node restored from a checkpoint
-    pre = NoisePrefetcher()
+    pre = NoisePrefetcher(noise_generator)
     pre.noise(k1, 0, 0, 1.0, 64, next_k=1)
     assert torch.equal(pre.noise(k2, 0, 1, 1.0, 64, next_k=2), _inline(k2, 0, 1, 1.0, 64))  # another key
     assert torch.equal(pre.noise(k2, 0, 5, 1.0, 64, next_k=6), _inline(k2, 0, 5, 1.0, 64))  # another iteration
@@ -50,7 +50,7 @@ def test_a_draw_made_for_another_key_iteration_node_or_length_is_dropped():
 
 
 def test_the_draw_ahead_runs_on_the_noise_thread():
-    pre = NoisePrefetcher()
+    pre = NoisePrefetcher(noise_generator)
     key = node_secret(True, 1)
     pre.noise(key, 0, 0, 1.0, 8, next_k=1)
     seen = []
@@ -89,3 +89,8 @@ def test_a_run_with_prefetched_noise_gives_the_same_numbers(tmp_path, algorithm,
 def test_prefetch_noise_must_be_a_bool():
     with pytest.raises(ConfigError, match="run.prefetch_noise must be true or false, got 'yes'"):
         _cfg("yes")
+
+
+def test_the_streams_must_be_given():
+    with pytest.raises(TypeError, match="flower_dp.rng.noise_generator"):
+        NoisePrefetcher(None)

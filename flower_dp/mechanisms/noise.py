@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -209,10 +210,18 @@ class NoisePrefetcher:
     from a checkpoint draws from a fresh secret), another iteration or another length is dropped, never used.
     What is drawn ahead never leaves the node and nothing is charged for it: a release is charged when it is made.
 
+    ``streams`` is the function of the noise streams, ``streams(key, node, k) -> numpy Generator``: pass
+    :func:`flower_dp.rng.noise_generator` (given, not imported here: ``flower_dp.rng`` names this module's samplers
+    in its records, so this module must not import it back).
+
     CPU only: nodes on a CUDA device draw on the device (:func:`gaussian_noise`), already asynchronously.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, streams: Callable[[object, int, int], np.random.Generator]) -> None:
+        if not callable(streams):
+            raise TypeError(f"streams must be callable, got {type(streams).__name__}; pass "
+                            "flower_dp.rng.noise_generator (the node's noise streams)")
+        self._streams = streams
         self._buf: np.ndarray | None = None
         self._pending: tuple[object, int, int, int, Future] | None = None  # (key, node, k, d, future)
 
@@ -228,8 +237,6 @@ class NoisePrefetcher:
               dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """``N(0, std^2 I_d)`` of stream ``(key, node, k)`` on the CPU (as :func:`gaussian_noise`), then the draw of
         ``(key, node, next_k)`` started in the background when ``next_k`` is given and ``std > 0``."""
-        from flower_dp.rng import noise_generator
-
         d = check_int("d", d, minimum=0)
         std = check_nonnegative("std", std, hint="std is a standard deviation; 0 means no noise")
         z = self._take(key, node, k, d)
@@ -238,11 +245,11 @@ class NoisePrefetcher:
         if z is None:
             if self._buf is None or self._buf.shape[0] != d:
                 self._buf = np.empty(d, dtype=np.float64)
-            z = _fill(noise_generator(key, node, k), self._buf)
+            z = _fill(self._streams(key, node, k), self._buf)
         out = _scaled(z, std, dtype, "cpu", None)
         if next_k is not None:
             self._pending = (key, int(node), int(next_k), d,
-                             _executor().submit(_fill, noise_generator(key, node, next_k), z))
+                             _executor().submit(_fill, self._streams(key, node, next_k), z))
         return out
 
     def cancel(self) -> None:
