@@ -196,7 +196,15 @@ def versions() -> dict[str, str]:
     for mod in ("torch", "numpy", "scipy", "flwr", "ray", "dp_accounting", "flower_dp"):
         try:
             m = __import__(mod)
-            out[mod] = str(getattr(m, "__version__", "unknown"))
+            ver = getattr(m, "__version__", None)
+            if ver is None:  # dp_accounting has no __version__: its distribution's metadata has it
+                from importlib.metadata import PackageNotFoundError, version
+
+                try:
+                    ver = version(mod.replace("_", "-"))
+                except PackageNotFoundError:
+                    ver = "unknown"
+            out[mod] = str(ver)
         except Exception:  # noqa: BLE001 -- a missing optional library is just not listed
             continue
     return out

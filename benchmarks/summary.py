@@ -44,6 +44,9 @@ def rows_for() -> list[Row]:
         lim = 1.3 if c.startswith("cnn") else 1.5
         rows.append(Row(f"private_step_ratio_{c}", (f"private_step_ratio_{c}",), _ps(c, "median_ratio_fast"),
                         f"<= {lim} by the median", lambda v, lim=lim: v <= lim))
+        rows.append(Row(f"private_step_median_ratio_{c}_prefetch",
+                        _ps(c, "ratio_fast_prefetch"), (f"private_step_median_ratio_{c}_prefetch",),
+                        f"<= {lim} by the median", lambda v, lim=lim: v <= lim))
         for m in OPACUS_MODES:
             rows.append(Row(f"private_step_ratio_{c}_opacus_{m}", (f"private_step_ratio_{c}_opacus_{m}",),
                             (f"private_step_median_ratio_{c}_opacus_{m}",), "(peer)"))

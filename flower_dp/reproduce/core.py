@@ -433,14 +433,26 @@ def committed_records(out: Path) -> dict[str, dict[str, Any]]:
             and r.get("status") in _DONE}
 
 
+def _same_config_record(spec: RunSpec, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The committed record of ``spec``'s run id, if it was made from exactly this config (``config_sha``)."""
+    rec = committed.get(spec.run_id)
+    return rec if rec is not None and rec.get("config_sha") == config_sha(spec.config) else None
+
+
+def _float32_record(spec: RunSpec, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The committed record of exactly ``spec``'s config whose private noise came from torch's float32 sampler:
+    its eps is not proven, so the run is made again (the record stands in records.json until then)."""
+    rec = _same_config_record(spec, committed)
+    return rec if rec is not None and drew_float32_noise(with_sampler(rec, spec.kind)) else None
+
+
 def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The committed record to reuse for ``spec``: only when the run folder holds no results of its own (those
-    win: they may be newer) and the record was made from exactly this config (``config_sha``)."""
-    rec = committed.get(spec.run_id)
-    if rec is None or rec.get("config_sha") != config_sha(spec.config):
+    win: they may be newer), the record was made from exactly this config (``config_sha``) and its noise is
+    proven (not :func:`_float32_record`)."""
+    rec = _same_config_record(spec, committed)
+    if rec is None or _float32_record(spec, committed) is not None:
         return None
-    if drew_float32_noise(with_sampler(rec, spec.kind)):
-        return None  # private noise from torch's float32 sampler: its eps is not proven, so the run is made again
     if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
         return None
     return rec
@@ -524,9 +536,7 @@ def run_sweep(
     # committed records of these very configs whose noise came from torch's float32 sampler: made again (their eps
     # is not proven) after every run that is missing, and kept in records.json until then (their accuracies stand;
     # the report's caveat names them), so a sweep stopped half-way loses no result
-    stale = {i: committed[s.run_id] for i, s in enumerate(specs)
-             if s.run_id in committed and committed[s.run_id].get("config_sha") == config_sha(s.config)
-             and drew_float32_noise(with_sampler(committed[s.run_id], s.kind))}
+    stale = {i: rec for i, s in enumerate(specs) if (rec := _float32_record(s, committed)) is not None}
 
     def finish(i: int, doc: dict[str, Any] | None, cpu: float, wall: float, rec: dict[str, Any] | None = None
                ) -> None:
