@@ -102,3 +102,14 @@ def test_summary_judges_every_goal_from_the_runs(quick_doc):
     assert line([good, bad]).endswith("| in 1 of 2 runs |")
     assert line([bad, bad]).endswith("| **no** |")
     assert "0.50 s / 0.60 s | 7.00 s / 8.00 s | 6.5 / 7.4 |" in line([good, bad])
+
+
+def test_noise_floor_reports_every_generator_and_the_step_beside_a_draw():
+    """``python -m benchmarks.noise_floor``: the shape of its document (no timing is asserted)."""
+    import importlib
+
+    doc = importlib.import_module(benchmarks.__name__ + ".noise_floor").run(repeats=3, d=1000)
+    assert set(doc["draw_ms"]) == {"SFC64", "PCG64", "PCG64DXSM", "Philox", "MT19937"}
+    assert set(doc["step_ms"]) == {"alone", "beside_a_draw", "alone_again"}
+    assert all(v["min_ms"] > 0 and v["median_ms"] >= v["min_ms"] for v in doc["draw_ms"].values())
+    assert doc["floor_ratio_b64"] > 0 and doc["interference_ratio"] > 0
