@@ -17,11 +17,15 @@ from typing import Any
 from . import results as rio
 from .errors import CheckpointError
 
-__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STATUSES", "completed_status"]
+__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STOPPED", "STATUSES",
+           "completed_status"]
 
 #: ``results.json["status"]``: while segments run, after the last one, cut short by the privacy budget, after an error
 RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED = "running", "finished", "stopped_by_budget", "failed"
-STATUSES = (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED)
+#: stopped on request at the end of a segment, checkpoint written (:data:`flower_dp.experiments.runner.STOP_FILE_ENV`):
+#: not finished, resumes with nothing charged twice
+STOPPED = "stopped"
+STATUSES = (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED, STOPPED)
 
 
 def completed_status(num_iters_run: int, num_iters_requested: int) -> str:

@@ -12,14 +12,14 @@ import pytest
 
 from flower_dp import results as rio
 from flower_dp.errors import CheckpointError
-from flower_dp.recorder import FAILED, FINISHED, RUNNING, STATUSES, STOPPED_BY_BUDGET, RunRecorder
+from flower_dp.recorder import FAILED, FINISHED, RUNNING, STATUSES, STOPPED, STOPPED_BY_BUDGET, RunRecorder
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_status_values():
-    assert STATUSES == (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED)
-    assert STATUSES == ("running", "finished", "stopped_by_budget", "failed")
+    assert STATUSES == (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED, STOPPED)
+    assert STATUSES == ("running", "finished", "stopped_by_budget", "failed", "stopped")
 
 
 def test_writes_results_and_history_atomically(tmp_path, monkeypatch):

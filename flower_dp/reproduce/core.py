@@ -71,6 +71,10 @@ def cpu_feasible(spec: "RunSpec") -> bool:
     return not any(g in str(name or "").lower() for g in GPU_MODELS)
 BACKENDS = ("inprocess", "flower")
 _DONE = ("finished", "stopped_by_budget")
+#: ``touch OUT/STOP`` stops a sweep writing to OUT: each running run at the end of its segment (checkpoint written,
+#: status ``"stopped"``), and no run starts after it; the same command resumes, charging nothing twice
+#: (:data:`flower_dp.experiments.runner.STOP_FILE_ENV`).  A sweep removes an old one when it starts.
+STOP_NAME = "STOP"
 
 
 @dataclass(frozen=True)
@@ -476,10 +480,15 @@ def _write_records(out: Path, records: list[dict[str, Any]], meta: dict[str, Any
 
 
 def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str, device: str | None = None
-             ) -> tuple[dict[str, Any], float]:
-    """Run (or resume, or reuse) one spec; return its results document and the CPU seconds this call spent.
+             ) -> tuple[dict[str, Any] | None, float]:
+    """Run (or resume, or reuse) one spec; return its results document and the CPU seconds this call spent
+    (``None`` when a stop was requested before it started: :data:`flower_dp.experiments.runner.STOP_FILE_ENV`).
     ``device`` places push-sum runs (None: their config's, the CPU); the other runners (Gau-LRQ) run on the CPU."""
     c0 = time.process_time()
+    from ..experiments.runner import stop_requested
+
+    if stop_requested():  # the sweep was asked to stop: this run does not start
+        return None, 0.0
     if spec.kind == "pushsum":
         doc = _run_pushsum(spec, run_dir, backend, device)
     else:
@@ -491,7 +500,7 @@ def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str, device: s
 
 
 def _run_one_in_worker(paper_name: str, spec: RunSpec, run_dir: str, backend: str, device: str | None = None
-                       ) -> tuple[dict[str, Any], float]:
+                       ) -> tuple[dict[str, Any] | None, float]:
     """:func:`_run_one` in a worker process of ``run_sweep(jobs > 1)``: one torch thread, the paper by name."""
     import torch
 
@@ -541,6 +550,13 @@ def run_sweep(
     def finish(i: int, doc: dict[str, Any] | None, cpu: float, wall: float, rec: dict[str, Any] | None = None
                ) -> None:
         spec, run_dir = specs[i], out / "runs" / specs[i].run_id
+        if rec is None and (doc is None or doc.get("status") == STOPPED):  # stopped on request: resumes next time
+            if doc is not None:
+                stopped.append(spec.run_id)
+                k = (doc.get("history") or [{}])[-1].get("k", 0)
+                log(f"{spec.run_id}: stopped on request at k = {k} of {doc.get('num_iters')} (checkpoint written; "
+                    "the same command resumes it, charging nothing twice)")
+            return
         if rec is not None:  # a committed record of this config, reused as it stands (its CPU time included)
             rec = {**rec, "reused": True}
         else:
@@ -561,6 +577,16 @@ def run_sweep(
         if bar is not None:
             bar.update(1)
 
+    from ..experiments.runner import STOP_FILE_ENV
+    from ..recorder import STOPPED
+
+    stopped: list[str] = []
+    stop_file = out / STOP_NAME
+    if stop_file.exists():
+        stop_file.unlink()
+        log(f"removed {stop_file} (the stop request of an earlier sweep)")
+    env_before = os.environ.get(STOP_FILE_ENV)
+    os.environ[STOP_FILE_ENV] = str(stop_file.resolve())  # read by the runs, in this process and in the workers
     try:
         for spec in specs:
             (out / "runs" / spec.run_id).mkdir(parents=True, exist_ok=True)
@@ -574,6 +600,8 @@ def run_sweep(
         todo = [i for i in todo if i not in stale] + [i for i in todo if i in stale]
         if int(jobs) == 1:
             for i in todo:
+                if stop_file.exists():
+                    break
                 spec = specs[i]
                 t0 = time.perf_counter()
                 doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend, device)
@@ -595,6 +623,15 @@ def run_sweep(
     finally:
         if bar is not None:
             bar.close()
+        if env_before is None:
+            os.environ.pop(STOP_FILE_ENV, None)
+        else:
+            os.environ[STOP_FILE_ENV] = env_before
+    if len(done) < len(specs):  # stopped on request: what is finished so far, as records.json holds it
+        log(f"stopped on request ({stop_file}): {len(done)} of {len(specs)} runs finished"
+            + (f", {len(stopped)} stopped at a checkpoint" if stopped else "")
+            + "; run the same command to go on")
+        return [done[j] if j in done else stale[j] for j in range(len(specs)) if j in done or j in stale]
     return [done[i] for i in range(len(specs))]
 
 
