@@ -129,6 +129,29 @@ class RunRecorder:
         if rows is not None:
             rio.write_csv(self.out_dir / "history.csv", rows)
 
+    #: Written beside the checkpoint by a run that stopped on request: ``{"k": k}``, the checkpoint's iteration, after
+    #: which nothing ran (:meth:`mark_clean_stop`, :meth:`take_clean_stop`).
+    CLEAN_STOP_NAME = "clean_stop.json"
+
+    def mark_clean_stop(self, k: int) -> None:
+        """Record that the run stopped on request right after its checkpoint at iteration ``k`` (call it after
+        :meth:`save_checkpoint`, and run nothing after it)."""
+        if self.checkpoint:
+            rio.write_json(self.out_dir / self.CLEAN_STOP_NAME, {"k": int(k)})
+
+    def take_clean_stop(self) -> int | None:
+        """The iteration of a clean stop recorded by :meth:`mark_clean_stop` (None if none or unreadable), deleting
+        the record: a resume consumes it before its first iteration, so it never vouches for a later checkpoint."""
+        if self.out_dir is None:
+            return None
+        marker = self.out_dir / self.CLEAN_STOP_NAME
+        doc = rio.read_json(marker)
+        marker.unlink(missing_ok=True)
+        try:
+            return int(doc["k"]) if isinstance(doc, dict) else None
+        except (KeyError, TypeError, ValueError):
+            return None
+
     def save_checkpoint(self, state: dict[str, Any]) -> Path | None:
         """Save the identity fields and ``state`` to ``checkpoint.pt`` (checksummed, atomic; never a pickle)."""
         if not self.checkpoint:

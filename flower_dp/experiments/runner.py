@@ -44,11 +44,11 @@ __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params",
 #: ``"stopped"``.  ``flower-dp reproduce`` sets it to ``OUT/STOP`` for its runs (``touch OUT/STOP`` ends a sweep
 #: without losing or double-charging anything; the same command resumes).
 STOP_FILE_ENV = "FLOWER_DP_STOP_FILE"
-#: Written beside the checkpoint by a run that stopped on request: ``{"k": k}``, the checkpoint's iteration, after
-#: which nothing ran.  A resume from that very checkpoint charges no replayed segment (a resume from any other, after
-#: a crash or a kill, charges the segment after it again: :func:`flower_dp.privacy.budget.charge_replay`).  It is
-#: consumed (deleted) before the resumed run's first iteration.
-CLEAN_STOP_NAME = "clean_stop.json"
+#: Written beside the checkpoint by a run that stopped on request (:meth:`flower_dp.recorder.RunRecorder.mark_clean_stop`):
+#: ``{"k": k}``, the checkpoint's iteration, after which nothing ran.  A resume from that very checkpoint charges no
+#: replayed segment (a resume from any other, after a crash or a kill, charges the segment after it again:
+#: :func:`flower_dp.privacy.budget.charge_replay`).  It is consumed (deleted) before the resumed run's first iteration.
+CLEAN_STOP_NAME = RunRecorder.CLEAN_STOP_NAME
 
 
 def stop_requested() -> bool:
@@ -100,19 +100,6 @@ def evaluate_params(model: torch.nn.Module, flat: torch.Tensor, x: torch.Tensor,
         correct += int((logits.argmax(1) == y[s : s + batch]).sum())
     n = max(len(x), 1)
     return correct / n, loss_sum / n
-
-
-def _take_clean_stop(out_path: Path | None) -> int | None:
-    """The iteration of a clean stop recorded in ``out_path`` (:data:`CLEAN_STOP_NAME`), deleting the record."""
-    if out_path is None:
-        return None
-    marker = Path(out_path) / CLEAN_STOP_NAME
-    doc = rio.read_json(marker)
-    marker.unlink(missing_ok=True)
-    try:
-        return int(doc["k"]) if isinstance(doc, dict) else None
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _to_device(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, device: str):
@@ -216,7 +203,7 @@ def run_experiment(
             raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
         ckpt = recorder.load_checkpoint(upgrade=_upgrade_checkpoint)
         k_start = int(ckpt["k"])
-        clean = _take_clean_stop(out_path)  # consumed before any iteration runs
+        clean = recorder.take_clean_stop()  # consumed before any iteration runs
         clean_here = clean is not None and clean == k_start
         for node, state in zip(nodes, ckpt["nodes"]):
             if hasattr(node, "plan") and not clean_here:
@@ -226,7 +213,7 @@ def run_experiment(
         history, bits = ckpt["history"], np.asarray(ckpt["bits"], dtype=np.int64)
         train_cpu = float(ckpt.get("train_cpu_s", 0.0))
     else:
-        _take_clean_stop(out_path)  # a fresh start: a stop marker of an earlier run means nothing
+        recorder.take_clean_stop()  # a fresh start: a stop record of an earlier run means nothing
         for node in nodes:
             node.setup()
         train_cpu = 0.0  # CPU seconds spent in the iterations (not in set-up or evaluation)
@@ -294,8 +281,8 @@ def run_experiment(
             if recorder.checkpoint:
                 recorder.save_checkpoint({"k": k, "nodes": [n.state_dict() for n in nodes], "history": history,
                                           "bits": bits.tolist(), "train_cpu_s": train_cpu})
-            if k < K and recorder.checkpoint and out_path is not None and stop_requested():
-                rio.write_json(out_path / CLEAN_STOP_NAME, {"k": k})  # after the checkpoint: nothing ran after k
+            if k < K and recorder.checkpoint and stop_requested():
+                recorder.mark_clean_stop(k)  # after the checkpoint: nothing runs after k
                 status = STOPPED
                 break
             write(RUNNING)
