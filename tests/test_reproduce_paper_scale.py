@@ -193,3 +193,5 @@ def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
     assert (tmp_path / "diagnostics.png").is_file() and "clip only" in report
     # the diagnosis in numbers, per variant: the clip cost at both step sizes, the best private setting vs the paper
     assert report.count("private setting(s) here") == 2 and "clipping alone costs" in report
+    # and the verdict, from the same numbers (the smoke numbers are far from the paper: the noise branch)
+    assert report.count("Verdict so far: without noise, our clipped Const-D2P and Dyn-D2P come within") == 1
