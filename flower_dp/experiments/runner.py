@@ -203,8 +203,7 @@ def run_experiment(
             raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
         ckpt = recorder.load_checkpoint(upgrade=_upgrade_checkpoint)
         k_start = int(ckpt["k"])
-        clean = recorder.take_clean_stop()  # consumed before any iteration runs
-        clean_here = clean is not None and clean == k_start
+        clean_here = recorder.take_clean_stop() == k_start  # the record is consumed before any iteration runs
         for node, state in zip(nodes, ckpt["nodes"]):
             if hasattr(node, "plan") and not clean_here:
                 # secret mode: the segment a crashed or killed run may have sent is charged again

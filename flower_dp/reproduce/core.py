@@ -447,7 +447,11 @@ def _float32_record(spec: RunSpec, committed: dict[str, dict[str, Any]]) -> dict
     """The committed record of exactly ``spec``'s config whose private noise came from torch's float32 sampler:
     its eps is not proven, so the run is made again (the record stands in records.json until then)."""
     rec = _same_config_record(spec, committed)
-    return rec if rec is not None and drew_float32_noise(with_sampler(rec, spec.kind)) else None
+    return rec if rec is not None and _drew_float32(rec, spec) else None
+
+
+def _drew_float32(rec: dict[str, Any], spec: RunSpec) -> bool:
+    return drew_float32_noise(with_sampler(rec, spec.kind))
 
 
 def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
@@ -455,7 +459,7 @@ def _committed_record(spec: RunSpec, run_dir: Path, committed: dict[str, dict[st
     win: they may be newer), the record was made from exactly this config (``config_sha``) and its noise is
     proven (not :func:`_float32_record`)."""
     rec = _same_config_record(spec, committed)
-    if rec is None or _float32_record(spec, committed) is not None:
+    if rec is None or _drew_float32(rec, spec):
         return None
     if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
         return None
@@ -599,9 +603,7 @@ def run_sweep(
                 todo.append(i)
         todo = [i for i in todo if i not in stale] + [i for i in todo if i in stale]
         if int(jobs) == 1:
-            for i in todo:
-                if stop_file.exists():
-                    break
+            for i in todo:  # after a stop request, _run_one starts nothing
                 spec = specs[i]
                 t0 = time.perf_counter()
                 doc, cpu = _run_one(paper, spec, out / "runs" / spec.run_id, backend, device)
