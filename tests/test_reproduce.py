@@ -26,6 +26,8 @@ def _subset(paper: Paper, keep) -> Paper:
     ({"paper": "dyn-d2p", "backend": "mpi"}, "unknown backend 'mpi'"),
     ({"paper": "dyn-d2p", "seeds": 0}, "seeds must be >= 1"),
     ({"paper": "dyn-d2p", "device": "gpu"}, "unknown device 'gpu'"),
+    ({"paper": "dyn-d2p", "runs": ["table2-nonprivate-s0", "nope*"]}, r"run pattern\(s\) \['nope\*'\] match no run"),
+    ({"paper": "dyn-d2p", "runs": [" "]}, "runs must name at least one run id"),
 ])
 def test_bad_arguments_are_clear_errors(kwargs, needle, tmp_path):
     """Each bad argument names the value and the valid choices; nothing is written."""
@@ -34,6 +36,16 @@ def test_bad_arguments_are_clear_errors(kwargs, needle, tmp_path):
         reproduce(paper, out=tmp_path / "out", **kwargs)
     assert "valid" in str(exc.value) or ">=" in str(exc.value)
     assert not (tmp_path / "out" / "records.json").exists()
+
+
+def test_runs_selects_a_share_of_a_table_in_its_order():
+    """--runs: the runs whose id matches a pattern, in the table's order (a share of a sweep for another machine)."""
+    from flower_dp.reproduce import select_runs
+
+    specs = build_specs(get_paper("dyn-d2p"), "paper", "table2", 2)
+    got = [s.run_id for s in select_runs(specs, ["table2-dyn_c-*-s1", "table2-nonprivate-s0"])]
+    assert got == ["table2-nonprivate-s0"] + [f"table2-dyn_c-eps{e}-paper-s1" for e in ("0.3", "0.7", "1", "3")]
+    assert [s.run_id for s in select_runs(specs, ["*"])] == [s.run_id for s in specs]
 
 
 @pytest.mark.parametrize("name", sorted(PAPERS))

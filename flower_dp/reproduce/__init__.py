@@ -14,6 +14,7 @@ under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep 
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import math
 import os
@@ -24,6 +25,7 @@ import time
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from .. import results as rio
@@ -87,6 +89,7 @@ def reproduce(
     jobs: int = 1,
     estimate: bool | None = None,
     device: str | None = None,
+    runs: Sequence[str] | None = None,
 ) -> Reproduction | None:
     """Run (or resume) a paper's headline experiment and write its records, plots and report.
 
@@ -112,6 +115,9 @@ def reproduce(
         None (default): the configs' device, the CPU.  Not part of a run's identity: finished runs are reused
         whatever device made them, and each record names its device.  GPU nodes draw their noise on the GPU
         (``torch-cuda-float64``), so a GPU run's numbers differ from a CPU run's.  Gau-LRQ runs stay on the CPU.
+    runs : run-id patterns (``fnmatch``, e.g. ``"table2-dyn_c-*-s1"``): only the table's runs that match one of them
+        (None: all).  A way to split one sweep over machines: each runs its share into its own --out, then the
+        ``runs/<run_id>/`` folders are copied into one --out, where the full sweep reuses every finished run.
     """
     p = get_paper(paper)
     table = table or p.default_table
@@ -130,11 +136,14 @@ def reproduce(
     out_path = Path(out) if out is not None else Path("runs") / "reproduce" / f"{paper}-{table}-{scale}"
     out_path = rio.ensure_writable_dir(out_path)
     specs = [_with_noise_mode(s, reproducible) for s in build_specs(p, scale, table, n_seeds)]
+    if runs is not None:
+        specs = select_runs(specs, runs)
     cmd = command or ("flower-dp reproduce " + " ".join(shlex.quote(a) for a in sys.argv[2:])
                       if sys.argv and sys.argv[0].endswith("flower-dp") else
                       f"flower-dp reproduce {paper} --table {table} --scale {scale} --backend {backend} "
                       f"--seeds {n_seeds} --out {out_path}" + (" --reproducible" if reproducible else "")
-                      + (f" --jobs {jobs}" if jobs > 1 else "") + (f" --device {device}" if device else ""))
+                      + (f" --jobs {jobs}" if jobs > 1 else "") + (f" --device {device}" if device else "")
+                      + (f" --runs {shlex.quote(','.join(runs))}" if runs is not None else ""))
     meta = {"threads": int(os.environ["FLOWER_DP_THREADS"]), "paper": paper, "title": p.title, "table": table, "scale": scale, "backend": backend,
             "seeds": n_seeds, "command": cmd, "machine": machine_string(), "versions": rio.versions(),
             "noise": "reproducible" if reproducible else "secret", "device": device or "cpu"}
@@ -150,6 +159,21 @@ def reproduce(
     records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs, device=device)
     wall = time.perf_counter() - t0
     return _finish(p, meta, records, out_path, wall, log)
+
+
+def select_runs(specs: list[RunSpec], patterns: Sequence[str]) -> list[RunSpec]:
+    """The specs whose run id matches one of ``patterns`` (``fnmatch``), in the table's order; a pattern that matches
+    no run is a :class:`ConfigError` naming it and the valid ids."""
+    pats = [str(x).strip() for x in patterns if str(x).strip()]
+    if not pats:
+        raise ConfigError(f"runs must name at least one run id or pattern, got {list(patterns)!r} (valid: run ids of the "
+                          "table, or fnmatch patterns of them); pass e.g. --runs 'table2-dyn-*', or leave --runs out "
+                          "for every run")
+    ids = [s.run_id for s in specs]
+    unmatched = [x for x in pats if not fnmatch.filter(ids, x)]
+    if unmatched:
+        raise ConfigError(f"run pattern(s) {unmatched} match no run of this table; valid run ids: {ids}")
+    return [s for s in specs if any(fnmatch.fnmatchcase(s.run_id, x) for x in pats)]
 
 
 def build_specs(p: Paper, scale: str, table: str, n_seeds: int) -> list[RunSpec]:

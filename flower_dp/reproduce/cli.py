@@ -80,6 +80,8 @@ def _cmd(args: argparse.Namespace) -> int:
         base = Path(args.out or Path("runs") / "reproduce" / args.scale)
         if args.estimate:
             raise ValueError("--estimate needs one paper, got 'all'; name a paper (and --table)")
+        if args.runs is not None:
+            raise ValueError(f"--runs {args.runs!r} needs one paper, got 'all'; name a paper (and --table)")
         reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
                           reproducible=args.reproducible, jobs=args.jobs, device=args.device,
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
@@ -92,7 +94,8 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
                         seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs, device=args.device,
-                        estimate="only" if args.estimate else None)
+                        estimate="only" if args.estimate else None,
+                        runs=args.runs.split(",") if args.runs is not None else None)
         reps = [rep] if rep is not None else []
     for rep in reps:
         failed = [c for c in rep.claims if c.passed is False]
@@ -156,6 +159,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where push-sum runs compute: cpu (default), cuda, cuda:N or auto (a GPU when one is visible); "
                         "the GPU tables' --scale full needs it on a GPU machine. Not part of a run's identity: finished "
                         "runs are reused whatever device made them")
+    p.add_argument("--runs", default=None,
+                   help="only the runs whose id matches one of these comma-separated patterns (fnmatch, e.g. "
+                        "'table2-dyn_c-*,table2-nonprivate-s1'): to split a sweep over machines, then copy the "
+                        "runs/<run_id>/ folders into one --out, where the whole sweep reuses them")
     p.add_argument("--out", default=None, help="output folder (default runs/reproduce/PAPER-TABLE-SCALE)")
     p.add_argument("--seeds", type=int, default=None, help="number of seeds (default depends on the scale)")
     p.add_argument("--reproducible", action="store_true",
