@@ -447,3 +447,17 @@ def test_device_is_not_part_of_a_runs_identity():
     other = _on_device(spec.config, "cuda")
     other["run"]["num_iters"] = int(other["run"]["num_iters"]) + 1
     assert not _same_config(other, cfg)
+
+
+def test_report_names_the_devices_of_a_shared_sweep():
+    """Records from a CPU and a GPU (a sweep shared with --runs): the report says how many ran where, with which
+    noise sampler; records from one device say nothing."""
+    from flower_dp.reproduce import device_label
+
+    recs = [{"device": "cpu", "gaussian_sampler": "numpy-float64", "wall_time_s": 3600.0},
+            {"device": "cuda:0", "gaussian_sampler": "torch-cuda-float64", "wall_time_s": 270.0},
+            {"device": "cuda", "gaussian_sampler": "torch-cuda-float64", "wall_time_s": 250.0}]
+    line = device_label(recs)
+    assert line.startswith("Devices:")
+    assert "2 on `cuda` (noise sampler `torch-cuda-float64`)" in line and "1 on `cpu` (noise sampler `numpy-float64`)" in line
+    assert device_label(recs[:1]) is None and device_label([{"device": None}, {"device": "cpu"}]) is None

@@ -213,6 +213,29 @@ def noise_label(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
             "secret noise are labelled seeded).")
 
 
+def device_label(records: list[dict[str, Any]]) -> str | None:
+    """The report's line on where the runs computed and which Gaussian sampler drew their noise, when the records
+    come from more than one device (a sweep shared with a GPU: ``--runs``, ``scripts/deadline_share.py``), or None.
+    A run's device is not part of its identity; its noise sampler differs by device (numpy float64 on the CPU,
+    torch float64 on CUDA), so seeds of one cell drawn on different devices are different noise, not a repeat."""
+    from collections import Counter
+
+    devices = Counter(str(r.get("device") or "cpu").split(":")[0] for r in records)
+    if len(devices) < 2:
+        return None
+    parts = []
+    for dev, n in sorted(devices.items(), key=lambda kv: -kv[1]):
+        samplers = sorted({str(r.get("gaussian_sampler")) for r in records
+                           if str(r.get("device") or "cpu").split(":")[0] == dev and r.get("gaussian_sampler")})
+        wall = [float(r["wall_time_s"]) for r in records if str(r.get("device") or "cpu").split(":")[0] == dev
+                and math.isfinite(float(r.get("wall_time_s", float("nan"))))]
+        parts.append(f"{n} on `{dev}`" + (f" (noise sampler {', '.join(f'`{x}`' for x in samplers)})" if samplers else "")
+                     + (f", median {sorted(wall)[len(wall) // 2] / 60:.1f} min of wall time per run" if wall else ""))
+    return ("Devices: the runs computed on more than one device - " + "; ".join(parts) + ". Where a run computes is "
+            "not part of its identity (same config, same calibration and rigorous eps); the `device` column of "
+            "records.csv names each run's.")
+
+
 def sampler_label(records: list[dict[str, Any]]) -> str | None:
     """The report's warning for push-sum runs whose Gaussian noise came from torch's float32 sampler (cut at 5.77
     std: their eps_rigorous is an ideal Gaussian's, not proven for the noise drawn), or None."""
@@ -371,6 +394,7 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         noise_label(meta, records),
         "",
         *([caveat, ""] if (caveat := sampler_label(records)) else []),
+        *([where, ""] if (where := device_label(records)) else []),
     ]
     from .core import drew_float32_noise
 
