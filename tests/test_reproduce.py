@@ -461,3 +461,23 @@ def test_report_names_the_devices_of_a_shared_sweep():
     assert line.startswith("Devices:")
     assert "2 on `cuda` (noise sampler `torch-cuda-float64`)" in line and "1 on `cpu` (noise sampler `numpy-float64`)" in line
     assert device_label(recs[:1]) is None and device_label([{"device": None}, {"device": "cpu"}]) is None
+
+
+def test_dyn_d2p_eps_claims_leave_out_runs_without_a_proven_eps():
+    """A run whose noise came from torch's float32 sampler (eps_rigorous None) is left out of the eps claims, named
+    by count; the cell's other runs still decide them (no NaN verdict)."""
+    from flower_dp.reproduce.papers.dyn_d2p.tables import _claims_tables
+
+    def rec(alg, eps, cal, seed, eps_rig, acc=0.7):
+        return {"run_id": f"{alg}-{eps}-{cal}-s{seed}", "seed": seed, "status": "finished", "final_acc": acc,
+                "eps_rigorous": eps_rig, "eps_paper": eps, "labels": {"algorithm": alg, "eps": eps, "calibration": cal}}
+
+    recs = [rec("Const-D2P", 0.3, "rigorous", 0, None), rec("Const-D2P", 0.3, "rigorous", 1, 0.2998),
+            rec("Dyn-D2P", 0.3, "paper", 0, None), rec("Dyn-D2P", 0.3, "paper", 1, 0.331)]
+    claims = {c.name: c for c in _claims_tables(recs, "table2", "paper")}
+    ours = claims["(ours) the rigorous calibration meets every target eps"]
+    assert ours.passed is True and "0.9993 over 1 cells" in ours.detail and "1 run(s) without a proven eps" in ours.detail
+    pap = claims["the paper's GDP/CLT calibration delivers its target eps under a rigorous accountant"]
+    assert pap.passed is False and "Dyn-D2P eps 0.3: rigorous 0.331" in pap.detail
+    only_unproven = {c.name: c for c in _claims_tables(recs[:1], "table2", "paper")}
+    assert only_unproven["(ours) the rigorous calibration meets every target eps"].passed is None
