@@ -195,3 +195,6 @@ def test_dyn_d2p_diagnostics_run_and_answer_their_questions(tmp_path):
     assert report.count("private setting(s) here") == 2 and "clipping alone costs" in report
     # and the verdict, from the same numbers (the smoke numbers are far from the paper: the noise branch)
     assert report.count("Verdict so far: without noise, our clipped Const-D2P and Dyn-D2P come within") == 1
+    # Table 2's eps 0.3 ordering claim, answered setting by setting (same batch / step size for both variants)
+    assert report.count("Table 2's ordering at eps 0.3 (Dyn-D2P > Const-D2P), setting by setting") == 1
+    assert "at equal epochs: Dyn-D2P" in report and "(Table 2's setting): Dyn-D2P" in report
