@@ -12,6 +12,12 @@ get its share of the GPU and the cores.  At the deadline (or when all are done) 
 reused as they stand (a run's device is not part of its identity; each record names it); an unfinished run is
 dropped whole, never resumed on another device.  A status line per check goes to stdout, a JSON summary beside the
 tarball.
+
+    python scripts/deadline_share.py unpack TARBALL SWEEP_OUT/runs
+
+puts the packed runs into the sweep's run folders, each only where the sweep has not started that run (no
+``results.json``, no ``checkpoint.pt``): a run the sweep already started keeps its own results, never a mix of
+two runs' files.  Plain ``tar x`` while the sweep runs can race a worker that starts the same run.
 """
 
 from __future__ import annotations
@@ -87,7 +93,43 @@ def _check(args, procs, run_dir, first_seen, dropped, t0, deadline) -> bool:
     return True
 
 
+def unpack(tarball: Path, runs_dir: Path) -> dict[str, list[str]]:
+    """Extract each packed run into ``runs_dir/<run_id>/`` unless the sweep there has started it; return which runs
+    were put in and which were skipped."""
+    runs_dir = Path(runs_dir)
+    if not runs_dir.is_dir():
+        raise SystemExit(f"unpack: {str(runs_dir)!r} is not a folder; pass the sweep's --out/runs folder")
+    put, skipped = [], []
+    with tarfile.open(tarball, "r:gz") as tar:
+        members: dict[str, list[tarfile.TarInfo]] = {}
+        for m in tar.getmembers():
+            parts = Path(m.name).parts
+            if not m.isfile() or len(parts) != 2 or ".." in parts:
+                raise SystemExit(f"unpack: {m.name!r} in {str(tarball)!r} is not RUN_ID/FILE; not a share packed by "
+                                 "this script")
+            members.setdefault(parts[0], []).append(m)
+        for rid, ms in members.items():
+            dest = runs_dir / rid
+            if (dest / "results.json").exists() or (dest / "checkpoint.pt").exists():
+                skipped.append(rid)
+                print(f"skipped {rid}: the sweep here has started or finished it (its own run stands)", flush=True)
+                continue
+            dest.mkdir(exist_ok=True)
+            # results.json last: a sweep that looks in between sees no finished run, not a half-copied one
+            for m in sorted(ms, key=lambda m: m.name.endswith("/results.json")):
+                tar.extract(m, runs_dir, filter="data")
+            put.append(rid)
+    print(f"unpacked {len(put)} run(s) into {runs_dir}, skipped {len(skipped)}", flush=True)
+    return {"unpacked": put, "skipped": skipped}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["unpack"]:
+        if len(argv) != 3:
+            raise SystemExit("usage: deadline_share.py unpack TARBALL SWEEP_OUT/runs")
+        unpack(Path(argv[1]), Path(argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paper")
     ap.add_argument("table")

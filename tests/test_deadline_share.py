@@ -56,3 +56,29 @@ def test_check_keeps_the_runs_that_fit_and_drops_the_least_advanced(tmp_path, ca
     for p in procs.values():
         p.terminate()
     assert not mod._check(args, procs, run_dir, {}, dropped, now, now + 10.0)
+
+
+def test_unpack_never_mixes_a_packed_run_with_one_the_sweep_started(tmp_path):
+    """unpack: a packed run goes in only where the sweep has not started it; a started one keeps its own files."""
+    import json
+    import tarfile
+
+    mod = _module()
+    share = tmp_path / "share"
+    for rid in ("run-a", "run-b"):
+        (share / rid).mkdir(parents=True)
+        (share / rid / "results.json").write_text(json.dumps({"status": "finished", "from": "gpu"}))
+        (share / rid / "history.csv").write_text("k,acc_avg\n3000,0.7\n")
+    tarball = tmp_path / "share.tar.gz"
+    with tarfile.open(tarball, "w:gz") as tar:
+        for rid in ("run-a", "run-b"):
+            for f in sorted((share / rid).iterdir()):
+                tar.add(f, arcname=f"{rid}/{f.name}")
+    runs = tmp_path / "runs"
+    (runs / "run-a").mkdir(parents=True)                      # made by the sweep, not started: takes the share
+    (runs / "run-b").mkdir()
+    (runs / "run-b" / "checkpoint.pt").write_bytes(b"cpu")     # started here: its own run stands
+    got = mod.unpack(tarball, runs)
+    assert got == {"unpacked": ["run-a"], "skipped": ["run-b"]}
+    assert json.loads((runs / "run-a" / "results.json").read_text())["from"] == "gpu"
+    assert not (runs / "run-b" / "results.json").exists() and (runs / "run-b" / "checkpoint.pt").read_bytes() == b"cpu"
