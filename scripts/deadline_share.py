@@ -1,7 +1,10 @@
 """Run a share of a reproduction's runs before a deadline, then pack the finished ones.
 
-    python scripts/deadline_share.py PAPER TABLE SCALE OUT_DIR TARBALL --deadline-s 500 --device cuda \
-        RUN_ID [RUN_ID ...]
+    PYTHONPATH=. python scripts/deadline_share.py PAPER TABLE SCALE OUT_DIR TARBALL RUN_ID [RUN_ID ...] \
+        --deadline-s 500 --num-iters K [--device cuda] [--seeds 2]
+
+(the run ids are the sweep's, as in its ``records.csv``; ``flower-dp reproduce ... --runs nothing`` lists them all in
+its error.)
 
 For a machine held for a fixed time (a lent GPU): each run id gets its own process
 (``flower_dp.reproduce.reproduce(..., runs=[run_id], out=OUT_DIR/run_id)``, secret noise, one torch thread), all at
