@@ -51,10 +51,13 @@ def _k_done(run_dir: Path) -> int:
 
 
 def _finished(run_dir: Path) -> bool:
-    try:
-        return json.loads((run_dir / "results.json").read_text()).get("status") == "finished"
-    except (OSError, ValueError):
-        return False
+    """Whether the run is done as the sweep counts it (``flower_dp.reproduce.core._DONE``: finished, or stopped by
+    its privacy budget), so the sweep reuses what this packs."""
+    from flower_dp.reproduce.core import _DONE
+    from flower_dp.results import read_json
+
+    doc = read_json(run_dir / "results.json")
+    return bool(doc) and doc.get("status") in _DONE
 
 
 def _check(args, procs, run_dir, first_seen, dropped, t0, deadline) -> bool:

@@ -82,3 +82,18 @@ def test_unpack_never_mixes_a_packed_run_with_one_the_sweep_started(tmp_path):
     assert got == {"unpacked": ["run-a"], "skipped": ["run-b"]}
     assert json.loads((runs / "run-a" / "results.json").read_text())["from"] == "gpu"
     assert not (runs / "run-b" / "results.json").exists() and (runs / "run-b" / "checkpoint.pt").read_bytes() == b"cpu"
+
+
+def test_finished_counts_what_the_sweep_reuses(tmp_path):
+    """A run is packed when the sweep would reuse it: finished or stopped by its privacy budget, not running."""
+    import json
+
+    from flower_dp.reproduce.core import _DONE
+
+    mod = _module()
+    for status in (*_DONE, "running", "stopped"):
+        d = tmp_path / status
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps({"status": status}))
+        assert mod._finished(d) is (status in _DONE)
+    assert not mod._finished(tmp_path / "missing")

@@ -170,7 +170,7 @@ def select_runs(specs: list[RunSpec], patterns: Sequence[str]) -> list[RunSpec]:
                           "table, or fnmatch patterns of them); pass e.g. --runs 'table2-dyn-*', or leave --runs out "
                           "for every run")
     ids = [s.run_id for s in specs]
-    unmatched = [x for x in pats if not fnmatch.filter(ids, x)]
+    unmatched = [x for x in pats if not any(fnmatch.fnmatchcase(i, x) for i in ids)]
     if unmatched:
         raise ConfigError(f"run pattern(s) {unmatched} match no run of this table; valid run ids: {ids}")
     return [s for s in specs if any(fnmatch.fnmatchcase(s.run_id, x) for x in pats)]
@@ -218,19 +218,17 @@ def device_label(records: list[dict[str, Any]]) -> str | None:
     come from more than one device (a sweep shared with a GPU: ``--runs``, ``scripts/deadline_share.py``), or None.
     A run's device is not part of its identity; its noise sampler differs by device (numpy float64 on the CPU,
     torch float64 on CUDA), so seeds of one cell drawn on different devices are different noise, not a repeat."""
-    from collections import Counter
-
-    devices = Counter(str(r.get("device") or "cpu").split(":")[0] for r in records)
-    if len(devices) < 2:
+    by_device: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_device.setdefault(str(r.get("device") or "cpu").split(":")[0], []).append(r)
+    if len(by_device) < 2:
         return None
     parts = []
-    for dev, n in sorted(devices.items(), key=lambda kv: -kv[1]):
-        samplers = sorted({str(r.get("gaussian_sampler")) for r in records
-                           if str(r.get("device") or "cpu").split(":")[0] == dev and r.get("gaussian_sampler")})
-        wall = [float(r["wall_time_s"]) for r in records if str(r.get("device") or "cpu").split(":")[0] == dev
-                and math.isfinite(float(r.get("wall_time_s", float("nan"))))]
-        parts.append(f"{n} on `{dev}`" + (f" (noise sampler {', '.join(f'`{x}`' for x in samplers)})" if samplers else "")
-                     + (f", median {sorted(wall)[len(wall) // 2] / 60:.1f} min of wall time per run" if wall else ""))
+    for dev, rs in sorted(by_device.items(), key=lambda kv: -len(kv[1])):
+        samplers = sorted({str(r["gaussian_sampler"]) for r in rs if r.get("gaussian_sampler")})
+        wall = sorted(float(r["wall_time_s"]) for r in rs if math.isfinite(float(r.get("wall_time_s", float("nan")))))
+        parts.append(f"{len(rs)} on `{dev}`" + (f" (noise sampler {', '.join(f'`{x}`' for x in samplers)})" if samplers else "")
+                     + (f", median {wall[len(wall) // 2] / 60:.1f} min of wall time per run" if wall else ""))
     return ("Devices: the runs computed on more than one device - " + "; ".join(parts) + ". Where a run computes is "
             "not part of its identity (same config, same calibration and rigorous eps); the `device` column of "
             "records.csv names each run's.")
