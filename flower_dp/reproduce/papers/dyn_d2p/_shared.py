@@ -63,8 +63,8 @@ def _differences_tables(table: str, scale: str) -> list[str]:
         "per-eps grid search (its selected values are not reported).",
         "calibration = rigorous solves the noise so that the PLD eps meets the target; calibration = paper uses the "
         "paper's GDP/CLT formulas, whose rigorous eps is reported in the table (it exceeds the target).",
-        "One seed at this scale unless stated (the paper averages 5 runs); differences of a few points are within "
-        "seed noise.",
+        "Each cell is the mean over the seeds named in the header, +- their sample standard deviation where there "
+        "are two or more (the paper averages 5 runs); differences within that spread are seed noise.",
     ]
     if table == "table2" and scale == "full":
         out.append("The gaps to the paper are diagnosed at eps 0.3 by `flower-dp reproduce dyn-d2p --table table2-diag "
