@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -25,8 +26,14 @@ def test_jobs_two_gives_the_records_of_jobs_one(tmp_path):
     """Two runs at once, each in its own process, give the same records in the same order as one at a time."""
     paper, specs = _smoke_specs(3)
     serial = run_sweep(paper, specs, tmp_path / "one", log=lambda m: None)
-    parallel = run_sweep(paper, specs, tmp_path / "two", log=lambda m: None, jobs=2)
+    lines: list[str] = []
+    parallel = run_sweep(paper, specs, tmp_path / "two", log=lines.append, jobs=2)
     assert [r["run_id"] for r in parallel] == [s.run_id for s in specs]
+    # each run's "done in" is its own time, not counted from when it was queued: the third run waits for a worker
+    done_in = {s.run_id: float(m.group(1)) for s in specs for line in lines
+               if s.run_id + ":" in line and (m := re.search(r"done in (\d+) s", line))}
+    assert set(done_in) == {s.run_id for s in specs}
+    assert all(done_in[r["run_id"]] <= r["wall_time_s"] + 2.5 for r in parallel), (done_in, parallel)
     for a, b in zip(serial, parallel):
         assert a["final_acc"] == b["final_acc"] and a["eps_rigorous"] == b["eps_rigorous"]
         assert [h["acc_avg"] for h in a["history"]] == [h["acc_avg"] for h in b["history"]]

@@ -504,14 +504,17 @@ def _run_one(paper: Paper, spec: RunSpec, run_dir: Path, backend: str, device: s
 
 
 def _run_one_in_worker(paper_name: str, spec: RunSpec, run_dir: str, backend: str, device: str | None = None
-                       ) -> tuple[dict[str, Any] | None, float]:
-    """:func:`_run_one` in a worker process of ``run_sweep(jobs > 1)``: one torch thread, the paper by name."""
+                       ) -> tuple[dict[str, Any] | None, float, float]:
+    """:func:`_run_one` in a worker process of ``run_sweep(jobs > 1)``: one torch thread, the paper by name; also
+    the wall time of the run itself, timed here (the driver's clock would add the time the run waited in the queue)."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("FLOWER_DP_THREADS", "1")))
     from . import get_paper
 
-    return _run_one(get_paper(paper_name), spec, Path(run_dir), backend, device)
+    t0 = time.perf_counter()
+    doc, cpu = _run_one(get_paper(paper_name), spec, Path(run_dir), backend, device)
+    return doc, cpu, time.perf_counter() - t0
 
 
 def run_sweep(
@@ -614,14 +617,13 @@ def run_sweep(
 
             with ProcessPoolExecutor(max_workers=int(jobs), mp_context=mp.get_context("spawn")) as pool:
                 started = {pool.submit(_run_one_in_worker, paper.name, specs[i], str(out / "runs" / specs[i].run_id),
-                                       backend, device): (i, time.perf_counter()) for i in todo}
+                                       backend, device): i for i in todo}
                 pending = set(started)
                 while pending:
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in sorted(finished, key=lambda f: started[f][0]):
-                        i, t0 = started[fut]
-                        doc, cpu = fut.result()  # a failed run raises here; the finished ones are recorded
-                        finish(i, doc, cpu, time.perf_counter() - t0)
+                    for fut in sorted(finished, key=lambda f: started[f]):
+                        doc, cpu, wall = fut.result()  # a failed run raises here; the finished ones are recorded
+                        finish(started[fut], doc, cpu, wall)
     finally:
         if bar is not None:
             bar.close()
