@@ -12,8 +12,9 @@ eps is reported)::
 - order ``"remove"``: the loss ``L(x) = log P(x)/Q(x)`` with ``x ~ P`` (``L >= log(1 - q)``);
 - order ``"add"``: the loss ``-L(x)`` with ``x ~ Q`` (``<= -log(1 - q)``).
 
-``q = 1`` is the plain Gaussian mechanism (both orders coincide).  The fixed-size / replace-one
-pair of the project (PoissonSampled(q, Gaussian(nu / 2))) is ``Pair(q, sigma=nu, s=2)``.
+``q = 1`` is the plain Gaussian mechanism (both orders coincide).  Under replace-one with a fixed-size
+sample the pair ``Pair(q, sigma=nu, s=2)`` is attained (a lower bound); :func:`symmetrised_bracket` brackets
+its symmetrisation, the proven bound.
 
 Discretization on a grid of width ``h``: the loss distribution's CDF is computed in closed form
 (``x(t) = L^{-1}(t)`` and the normal CDF), and the mass of each interval is put on its upper end
@@ -37,7 +38,7 @@ import numpy as np
 from scipy import optimize, signal, special
 
 __all__ = ["Pair", "DiscretePLD", "single_pld", "compose", "self_compose", "delta_at", "epsilon_at",
-           "eps_bracket", "gaussian_delta", "gaussian_epsilon"]
+           "eps_bracket", "symmetrised", "symmetrised_bracket", "gaussian_delta", "gaussian_epsilon"]
 
 ORDERS = ("remove", "add")
 
@@ -248,6 +249,46 @@ def eps_bracket(steps, delta: float, *, h: float = 1e-3, tail: float = 1e-13,
         hi = max(hi, epsilon_at(pess, delta))
         lo = max(lo, epsilon_at(opt, delta))
     return lo, hi
+
+
+# ------------------------------------------------------------------ the symmetrised pair (replace-one subsampling)
+def symmetrised(p: DiscretePLD) -> DiscretePLD:
+    """The symmetric pair whose losses above 0 are those of ``p``: mass ``m`` at ``l > 0``, ``e^{-l} m`` at ``-l``,
+    the rest at 0 (Dong, Roth & Su 2022's symmetrisation ``min(f, f^-1)**`` of a pair whose remove order dominates).
+
+    Its ``delta(eps)`` for ``eps >= 0`` reads only the losses above ``eps``, so it is ``p``'s there; a symmetric pair
+    is fixed by that half of its profile.  With ``p`` rounded up (pessimistic) the result dominates the exact
+    symmetrised pair, rounded down (optimistic) it is dominated by it, and composition keeps both orders.
+    """
+    y = p.losses
+    pos = y > 0
+    yp, mp = y[pos], p.probs[pos]
+    if yp.size == 0:
+        return DiscretePLD(p.h, 0, np.array([1.0 - p.inf_mass]), p.inf_mass, p.pessimistic)
+    kp = np.rint(yp / p.h).astype(np.int64)
+    top = int(kp.max())
+    mirror = mp * np.exp(-yp)
+    zero = 1.0 - p.inf_mass - mp.sum() - mirror.sum()
+    if zero < -1e-12:
+        raise ValueError(f"no symmetrisation on this grid (mass {zero:.3g} at loss 0); use a finer h")
+    probs = np.zeros(2 * top + 1)
+    probs[top + kp] = mp
+    probs[top - kp] += mirror
+    probs[top] += max(zero, 0.0)
+    return DiscretePLD(p.h, -top, probs, p.inf_mass, p.pessimistic)
+
+
+def symmetrised_bracket(steps, delta: float, *, h: float = 1e-3, tail: float = 1e-13) -> tuple[float, float]:
+    """``(eps_lower, eps_upper)`` of the composition of the steps' symmetrised pairs (``(Pair, count)`` pairs)."""
+    out = {}
+    for pessimistic in (True, False):
+        comp = None
+        for pair, count in sorted(_steps_by_pair(steps).items(), key=lambda kv: (kv[0].q, kv[0].sigma, kv[0].s)):
+            one = symmetrised(single_pld(pair, h, order="remove", pessimistic=pessimistic, tail=tail))
+            one = self_compose(one, count, tail=tail)
+            comp = one if comp is None else compose(comp, one, tail=tail)
+        out[pessimistic] = 0.0 if comp is None else epsilon_at(comp, delta)
+    return out[False], out[True]
 
 
 # ------------------------------------------------------------------ closed form (Balle & Wang 2018)

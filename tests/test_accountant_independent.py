@@ -9,11 +9,14 @@ For every algorithm's calibrated schedule at ``ci`` settings (flower_dp/reproduc
 the steps a node is charged (``Plan.steps``, and a node's ledger after a short real run), translate
 each into its dominating pair, and assert
 
-    independent lower bound - tiny  <=  reported eps  <=  1.05 * independent lower bound.
+    independent lower bound - tiny  <=  reported eps  <=  1.05 * independent lower bound,
+
+and, for replace-one with a subsampled step, reported eps >= the symmetrised pair's eps from our own PLD.
 
 Pairs (``Pair(q, sigma, s)``: ``((1-q) N(0, sigma^2) + q N(s, sigma^2), N(0, sigma^2))``, both orders):
-Poisson add/remove -> ``Pair(q, nu, 1)``; fixed-size blocks / B of N under replace-one ->
-``Pair(q, nu, 2)`` (Balle et al. 2018 Thm 10; the same as PoissonSampled(q, Gaussian(nu/2)));
+Poisson add/remove -> ``Pair(q, nu, 1)`` (tight); fixed-size blocks / B of N under replace-one ->
+``Pair(q, nu, 2)``, which is attained (the target at +C against -C, every other record at -C) and so
+a lower bound; the proven bound is its symmetrisation (``independent_pld.symmetrised_bracket``);
 a non-sampled Gaussian under replace-one (PrivSGP-VR's table average) -> ``Pair(1, nu, 2)``.
 """
 
@@ -27,7 +30,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from independent_pld import Pair, eps_bracket, gaussian_epsilon  # noqa: E402
+from independent_pld import Pair, eps_bracket, gaussian_epsilon, symmetrised_bracket  # noqa: E402
 
 from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, rigorous_epsilon  # noqa: E402
 
@@ -85,8 +88,21 @@ def _levels(pairs) -> int:
     return len({(p.q, p.sigma / p.s) for p, _ in pairs})
 
 
+def _replace_one_subsampled(pairs) -> bool:
+    return any(p.s == 2.0 and p.q < 1 for p, _ in pairs)
+
+
 def check(name: str, reported: float, pairs, delta: float, *, use_prv: bool | None = None):
-    """Assert the reported eps against the independent lower bound(s); returns our (lower, upper)."""
+    """Assert the reported eps against the independent bounds; returns our (lower, upper) of the attained pair.
+
+    Every case: attained lower bound <= reported.  Add/remove (the attained pair is the tight one): reported
+    <= 1.05 x that lower bound.  Replace-one with a subsampled step (fixed-size blocks, B of N): reported >=
+    the symmetrised pair's value from our own PLD (its optimistic rounding, a lower bound on the proven pair's
+    eps), so no number is below the proven bound, and reported <= 1.05 x that value.  The proven pair can sit
+    well above the attained one (Gau-LRQ's MNIST setting +1.6 %, PrivSGP's Fig. 10 blocks at eps 1 about
+    +20 %): no realisable pair we know composes above the attained one, and no proof that it is the worst
+    case exists here, so the proven bound is what is reported.
+    """
     lo, hi = independent(pairs, delta, reported)
     assert lo <= hi
     lower = lo
@@ -103,7 +119,14 @@ def check(name: str, reported: float, pairs, delta: float, *, use_prv: bool | No
         assert lo - 2e-3 * max(1, lo) <= p_est <= hi + 2e-3 * max(1, hi), (name, (lo, hi), (p_lo, p_est, p_hi))
         lower = max(lo, p_lo)
     assert reported >= lower * (1 - FLOAT_TOL), f"{name}: reported eps {reported} below the independent lower bound {lower}"
-    assert reported <= WITHIN * lower, f"{name}: reported eps {reported} more than 5 % above the lower bound {lower}"
+    if _replace_one_subsampled(pairs):
+        n = sum(c for _, c in pairs)
+        s_lo, s_hi = symmetrised_bracket(pairs, delta, h=min(1e-3, max(2e-6, 0.004 * reported / n)))
+        assert lo <= s_lo <= s_hi
+        assert reported >= s_lo * (1 - FLOAT_TOL), (
+            f"{name}: reported eps {reported} below the symmetrised pair's {s_lo} (the proven bound)")
+        lower = s_lo
+    assert reported <= WITHIN * lower, f"{name}: reported eps {reported} more than 5 % above the bound {lower}"
     return lo, hi
 
 
@@ -255,13 +278,41 @@ def test_gau_lrq_schedule_matches_the_independent_bracket(case):
 
 # --------------------------------------------------------------------------------------- the issue's headline numbers
 def test_gau_lrq_paper_mnist_setting():
-    """z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5: reported in [50.3, 55] and tight (was 290.5)."""
+    """z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5: the proven bound 51.23 (the attained pair 50.42;
+    RDP's bound for sampling without replacement 290.5)."""
     from flower_dp.privacy.gau_lrq import client_level_epsilon
 
     reported = client_level_epsilon(np.full(30, 0.51624), 1e-5, B=80, N=1920)
-    assert 50.3 <= reported <= 55
-    lo, hi = check("gau_lrq-mnist", reported, [(Pair(80 / 1920, 0.51624, 2.0), 30)], 1e-5)
+    assert 51.2 <= reported <= 53.0
+    pairs = [(Pair(80 / 1920, 0.51624, 2.0), 30)]
+    lo, hi = check("gau_lrq-mnist", reported, pairs, 1e-5)
     assert 50.3 <= lo <= hi <= 50.5
+    s_lo, s_hi = symmetrised_bracket(pairs, 1e-5)
+    assert 51.2 <= s_lo <= reported <= s_hi * (1 + 1e-4)
+
+
+def test_the_attained_pair_alone_is_not_dominating():
+    """The realisable pair with every other record at 0 (target +C vs -C) beats the attained pair A's add order
+    at eps = 1 (3.9e-3 > 0 at q = 80/1920, z = 0.51624), so A's two orders composed are no proof; the
+    symmetrised pair covers it."""
+    q, z, eps = 80 / 1920, 0.51624, 1.0
+    x = np.linspace(-12, 14, 400001)
+    dx = x[1] - x[0]
+
+    def npdf(m):
+        return np.exp(-0.5 * ((x - m) / z) ** 2) / (z * math.sqrt(2 * math.pi))
+
+    def hockey(p, r):
+        return float(np.maximum(p - math.exp(eps) * r, 0.0).sum() * dx)
+
+    realisable = hockey((1 - q) * npdf(0) + q * npdf(1), (1 - q) * npdf(0) + q * npdf(-1))
+    attained_add = hockey(npdf(0), (1 - q) * npdf(0) + q * npdf(2))
+    assert attained_add == 0.0 and realisable == pytest.approx(3.9e-3, rel=0.05)
+    from flower_dp.privacy.replace_one import profile_on_grid, step_pmf
+
+    h = 1e-3
+    lower, probs, inf = step_pmf("gaussian", q, z, h)
+    assert profile_on_grid(lower, probs, inf, h, np.array([round(eps / h)]))[0] >= realisable
 
 
 def test_fig9_privsgp_record_reaccounted():

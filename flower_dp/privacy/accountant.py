@@ -23,23 +23,29 @@ Neighbouring relation (``adjacency``):
 How each (sampling, adjacency) is charged (the table in the README):
 
 ==============  ============  ==================================================================
-sampling        adjacency     event charged
+sampling        adjacency     bounds computed (the smallest is reported)
 ==============  ============  ==================================================================
-poisson         add_remove    PoissonSampled(q, Gaussian(nu)), ADD_OR_REMOVE_ONE (tight)
-poisson         replace_one   PLD: Gaussian(nu) under REPLACE_ONE when q = 1 and nothing else in
-                              the history needs the pair below; else as fixed_size (a valid
-                              dominating pair, an upper bound)
-fixed_size      replace_one   PoissonSampled(q, Gaussian(nu / 2)) under ADD_OR_REMOVE_ONE, i.e. the
-                              dominating pair ((1-q) N(0, nu^2) + q N(2, nu^2), N(0, nu^2)) in both
-                              orders (Balle, Barthe, Gaboardi 2018 Thm 10; Zhu, Dong, Wang 2022).
-                              RDP also tries dp-accounting's SampledWithoutReplacement(REPLACE_ONE)
-                              bound and keeps the smaller.
+poisson         add_remove    PoissonSampled(q, Gaussian(nu)), ADD_OR_REMOVE_ONE: dp-accounting's
+                              PLD and RDP (the pair is tight)
+fixed_size      replace_one   PLD of the symmetrised dominating pair S of
+                              A = ((1-q) N(0, nu^2) + q N(2, nu^2), N(0, nu^2)), composed over all
+                              steps (:mod:`.replace_one`: Zhu, Dong & Wang 2022 for sampling without
+                              replacement under substitution, Dong, Roth & Su 2022's
+                              symmetrisation); RDP of sampling without replacement under replace-one
+                              (Wang, Balle & Kasiviswanathan 2019, dp-accounting's
+                              SampledWithoutReplacement, REPLACE_ONE)
+poisson, q < 1  replace_one   the same PLD of S; RDP of the unsampled Gaussian(nu / 2) (joint
+                              quasi-convexity of the Renyi divergence: valid, loose)
+q = 1           replace_one   Gaussian(nu) under REPLACE_ONE (sensitivity 2C; symmetric, tight)
 fixed_size      add_remove    refused (UnsupportedEventError)
 ==============  ============  ==================================================================
 
-Every one of these is a valid upper bound; ``accountant="auto"`` (the default) computes the PLD
-and the RDP bound and reports the smaller (both are upper bounds, so their minimum is one):
-PLD is tighter on short horizons, RDP on very long ones, where the PLD discretization adds up.
+``A`` alone is attained (the target at +C against -C, every other record at -C), so composing it gives a
+lower bound, not a proof: it does not dominate every realisable step at ``alpha < 1`` (:mod:`.replace_one`).
+Every bound computed is a valid upper bound; ``accountant="auto"`` (the default) computes the PLD
+and the RDP bound and reports the smaller (their minimum is one): PLD is tighter on short horizons,
+RDP on very long ones, where the PLD discretization adds up.  :func:`epsilon_and_bound` also names
+the bound that gave the number (:data:`BOUNDS`).
 
 Laplace steps with per-release eps ``1/nu > LAPLACE_BASIC_ABOVE`` (DPPS at its paper settings:
 3,000 per round) are composed by basic composition (sum of 1/nu), added to the rest's eps.
@@ -82,7 +88,7 @@ from dataclasses import dataclass
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from ..errors import UnsupportedEventError
-from . import fast_compose
+from . import fast_compose, replace_one
 
 __all__ = [
     "GaussianStep",
@@ -91,6 +97,8 @@ __all__ = [
     "ADJACENCIES",
     "SAMPLINGS",
     "DEFAULT_ACCOUNTANT",
+    "BOUNDS",
+    "epsilon_and_bound",
     "rigorous_epsilon",
     "rigorous_delta",
     "bucket_steps",
@@ -287,11 +295,18 @@ def bucket_steps(
         levels = max(2, int(levels * 0.8))
 
 
-def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, native_swor: bool = False):
-    """(relation, [(event, count)]) for a merged history (module doc: the sampling/adjacency table).
+def _subsampled_replace_one(merged: tuple[Step, ...], adjacency: str) -> bool:
+    """Replace-one with a subsampled Gaussian step: the PLD is the symmetrised pair's (:mod:`.replace_one`)."""
+    return adjacency == "replace_one" and any(isinstance(s, GaussianStep) and s.q < 1 for s in merged)
 
-    ``native_swor``: the RDP alternative for fixed-size histories, dp-accounting's
-    SampledWithoutReplacement under REPLACE_ONE (valid only without Poisson-subsampled steps).
+
+def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, native_swor: bool = False):
+    """(relation, [(event, count)]) of dp-accounting events for a merged history (module doc: the table).
+
+    ``native_swor``: RDP of sampling without replacement, dp-accounting's SampledWithoutReplacement under
+    REPLACE_ONE (valid only without Poisson-subsampled steps).  Replace-one histories with a subsampled
+    step are charged, in RDP, each Gaussian step unsampled (``nu / 2``; valid by joint quasi-convexity); their
+    PLD is not built from events (:func:`_compose`).
     """
     dpa = _dpa()
     _R = dpa.NeighboringRelation
@@ -303,10 +318,11 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, nati
             f"adjacency='replace_one' only, got adjacency={adjacency!r}; set adjacency='replace_one' (removing a "
             "record would change the batch size) or sample Poisson in the code"
         )
+    unsampled = False
     if native_swor:
         relation, half = _R.REPLACE_ONE, 2.0
-    elif fixed:  # the dominating pair: add/remove PLD/RDP of Poisson(q)-sampled Gaussian(nu/2), both orders
-        relation, half = _R.ADD_OR_REMOVE_ONE, 2.0
+    elif _subsampled_replace_one(merged, adjacency):
+        relation, half, unsampled = _R.ADD_OR_REMOVE_ONE, 2.0, True
     else:
         native_replace = adjacency == "replace_one" and accountant == "pld" and not has_laplace
         relation = _R.REPLACE_ONE if native_replace else _R.ADD_OR_REMOVE_ONE
@@ -321,7 +337,7 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, nati
             ev = dpa.GaussianDpEvent(s.nu / half)
             if s.q < 1 and native_swor:
                 ev = dpa.SampledWithoutReplacementDpEvent(int(s.dataset_size), int(round(s.q * s.dataset_size)), ev)
-            elif s.q < 1:
+            elif s.q < 1 and not unsampled:
                 ev = dpa.PoissonSampledDpEvent(s.q, ev)
         events.append((ev, s.count))
     return relation, events
@@ -366,6 +382,10 @@ class _RoundedUp:
 @functools.lru_cache(maxsize=64)
 def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discretization: float,
              native_swor: bool = False):
+    if accountant == "pld" and _subsampled_replace_one(merged, adjacency):  # the symmetrised pair (module doc)
+        steps = [("laplace", 1.0, s.nu, s.count) if isinstance(s, LaplaceStep) else ("gaussian", s.q, s.nu, s.count)
+                 for s in merged if not math.isinf(s.nu) and s.count]
+        return _RoundedUp(replace_one.compose_symmetrised(steps, discretization)), bool(steps)
     relation, events = _plan_events(merged, accountant, adjacency, native_swor)
     fast = _fast_levels(relation, events)
     if fast is not None:  # the same bounds as dp-accounting's accountants, all levels at once (module doc)
@@ -402,15 +422,38 @@ def _split_pure(merged: tuple[Step, ...], adjacency: str) -> tuple[tuple[Step, .
     return rest, float(sum(s.count * factor / s.nu for s in pure))
 
 
+#: the bounds :func:`epsilon_and_bound` names, and what each one is
+BOUNDS = {
+    "pld": "PLD of the Poisson-subsampled Gaussian (dp-accounting, pessimistic connect-the-dots)",
+    "rdp": "RDP of the Poisson-subsampled Gaussian (dp-accounting; Mironov, Talwar & Zhang 2019)",
+    "pld_symmetrised_pair": "PLD of the symmetrised dominating pair, replace-one (Zhu, Dong & Wang 2022; "
+                            "Dong, Roth & Su 2022)",
+    "rdp_without_replacement": "RDP of sampling without replacement, replace-one (Wang, Balle & Kasiviswanathan "
+                               "2019)",
+    "rdp_unsampled": "RDP of the unsampled Gaussian, replace-one (joint quasi-convexity; loose)",
+    "pure_dp": "basic composition of pure-DP Laplace releases",
+    "none": "no release charged",
+}
+
+
 def _variants(merged: tuple[Step, ...], accountant: str, adjacency: str) -> list[tuple[str, bool]]:
     """The (accountant, native_swor) computations whose minimum is reported (each a valid upper bound)."""
     kinds = ("pld", "rdp") if accountant == "auto" else (accountant,)
     if accountant == "auto" and min((s.nu for s in merged if isinstance(s, GaussianStep)), default=1.0) < PLD_MIN_NU:
         kinds = ("rdp",)  # the PLD grid of a nearly noiseless step would not fit in memory; eps is huge anyway
-    out = [(k, False) for k in kinds]
-    if "rdp" in kinds and adjacency == "replace_one" and _native_swor_applies(merged):
+    native = "rdp" in kinds and adjacency == "replace_one" and _native_swor_applies(merged)
+    out = [(k, False) for k in kinds if not (k == "rdp" and native)]
+    if native:  # proven for this sampler, and never looser than the unsampled Gaussian
         out.append(("rdp", True))
     return out
+
+
+def _bound_name(merged: tuple[Step, ...], accountant: str, adjacency: str, native: bool) -> str:
+    if accountant == "pld":
+        return "pld_symmetrised_pair" if _subsampled_replace_one(merged, adjacency) else "pld"
+    if native:
+        return "rdp_without_replacement"
+    return "rdp_unsampled" if _subsampled_replace_one(merged, adjacency) else "rdp"
 
 
 def _bound(merged, accountant, adjacency, discretization, native, query) -> float:
@@ -421,6 +464,33 @@ def _bound(merged, accountant, adjacency, discretization, native, query) -> floa
             return math.inf
         raise
     return query(acc) if nonempty else 0.0
+
+
+def epsilon_and_bound(
+    steps: Iterable[Step],
+    delta: float,
+    *,
+    accountant: str = DEFAULT_ACCOUNTANT,
+    adjacency: str = "add_remove",
+    bucket_rel: float | str = DEFAULT_BUCKET_REL,
+    max_buckets: int = MAX_BUCKETS,
+    discretization: float | None = None,
+) -> tuple[float, str]:
+    """:func:`rigorous_epsilon` and the name of the bound that gave it (a key of :data:`BOUNDS`)."""
+    delta = check_delta(delta)
+    merged, eps_pure = _split_pure(_prepare(steps, accountant, adjacency, bucket_rel, max_buckets), adjacency)
+    if not merged:
+        return eps_pure, "pure_dp" if eps_pure > 0 else "none"
+    if discretization is None:
+        discretization = PLD_DISCRETIZATION if len(merged) <= FINE_LEVELS else PLD_DISCRETIZATION_MANY
+
+    def query(acc) -> float:
+        return float(acc.get_epsilon(delta))
+
+    eps, name = min((_bound(merged, a, adjacency, discretization, native, query), _bound_name(merged, a, adjacency, native))
+                    for a, native in _variants(merged, accountant, adjacency))
+    eps += eps_pure
+    return (eps if math.isfinite(eps) else float("inf")), name
 
 
 def rigorous_epsilon(
@@ -441,10 +511,10 @@ def rigorous_epsilon(
         The history (order does not change the result).
     delta : float in (0, 1)
     accountant : {"auto", "pld", "rdp"}
-        ``"pld"``: dp-accounting's PLD (pessimistic estimate, discretization ``discretization``);
-        ``"rdp"``: dp-accounting's RDP (default orders); ``"auto"`` (default): the smaller of the two.
+        ``"pld"``: PLD (pessimistic discretization ``discretization``); ``"rdp"``: RDP (dp-accounting's
+        default orders); ``"auto"`` (default): the smaller of the two.
     adjacency : {"add_remove", "replace_one"}
-        See the module docstring for how each sampling is accounted under each relation.
+        See the module docstring for the bounds each sampling gets under each relation.
     bucket_rel : float or "auto"
         Relative grid step for rounding noise levels down before merging (0: exact).
     max_buckets : int
@@ -458,19 +528,8 @@ def rigorous_epsilon(
     float
         eps (0.0 for an empty history; ``inf`` when no finite eps exists).
     """
-    delta = check_delta(delta)
-    merged, eps_pure = _split_pure(_prepare(steps, accountant, adjacency, bucket_rel, max_buckets), adjacency)
-    if not merged:
-        return eps_pure
-    if discretization is None:
-        discretization = PLD_DISCRETIZATION if len(merged) <= FINE_LEVELS else PLD_DISCRETIZATION_MANY
-
-    def query(acc) -> float:
-        return float(acc.get_epsilon(delta))
-
-    eps = min(_bound(merged, a, adjacency, discretization, native, query)
-              for a, native in _variants(merged, accountant, adjacency)) + eps_pure
-    return eps if math.isfinite(eps) else float("inf")
+    return epsilon_and_bound(steps, delta, accountant=accountant, adjacency=adjacency, bucket_rel=bucket_rel,
+                             max_buckets=max_buckets, discretization=discretization)[0]
 
 
 def rigorous_delta(

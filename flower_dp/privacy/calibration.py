@@ -109,10 +109,13 @@ def calibrate_schedule(
     accountant: str = "auto",
     adjacency: str = "add_remove",
     rel_tol: float = 5e-3,
+    sampling: str = "poisson",
+    dataset_size: int | None = None,
 ) -> float:
     """Common scale ``s`` so that the schedule ``nu_k = s * shape[k]`` meets the target on the private side.
 
-    Each step is a Poisson(q)-subsampled Gaussian with multiplier ``nu_k`` (std / clip bound).
+    Each step is a q-subsampled Gaussian with multiplier ``nu_k`` (std / clip bound), sampled as
+    ``sampling`` / ``dataset_size`` say (:class:`GaussianStep`).
     Fast for long schedules with thousands of distinct levels: the scale is first found with the
     vectorised integer-order RDP bound (:mod:`.rdp_fast`), then refined with the chosen
     dp-accounting accountant (bucketed, never below the exact eps) by a bracketed secant in
@@ -122,7 +125,7 @@ def calibrate_schedule(
     ----------
     shape : array_like, shape (K,)  positive relative noise levels
     target_epsilon, delta : the budget
-    q : float in (0, 1]  Poisson sampling rate
+    q : float in (0, 1]  sampling rate
 
     Returns
     -------
@@ -143,8 +146,8 @@ def calibrate_schedule(
         return rdp_fast.rdp_epsilon(q, s * z_shape / half, counts, delta)
 
     def real(s: float) -> float:
-        return rigorous_epsilon([GaussianStep(q, float(v)) for v in s * shape], delta, accountant=accountant,
-                                adjacency=adjacency)
+        return rigorous_epsilon([GaussianStep(q, float(v), 1, sampling, dataset_size) for v in s * shape], delta,
+                                accountant=accountant, adjacency=adjacency)
 
     s0 = calibrate(proxy, target, 0.3, 3.0, rel_tol=1e-4)
     # local elasticity d ln eps / d ln s from the proxy, for the first jump towards the real root

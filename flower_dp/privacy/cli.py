@@ -1,6 +1,7 @@
 """``flower-dp accountant``: eps of a (subsampled) Gaussian history, or the noise for a target eps.
 
-One line per bound (PLD, RDP) and a last line with the one flower-dp reports (the smaller).  The
+One line per bound (PLD, RDP) and a last line with the one flower-dp reports (the smaller), each naming
+the bound that gave it (:data:`flower_dp.privacy.accountant.BOUNDS`).  The
 sampler is given as it runs: ``--sampling poisson --q Q`` or ``--sampling fixed_size --batch B
 --population N`` (B of N without replacement, or one of N fixed blocks with ``--batch 1``), the
 latter only under ``--adjacency replace_one``.
@@ -34,7 +35,7 @@ def _sampler(args: argparse.Namespace) -> tuple[float, str, int | None, str]:
 
 
 def _cmd(args: argparse.Namespace) -> int:
-    from .accountant import GaussianStep, rigorous_epsilon
+    from .accountant import BOUNDS, GaussianStep, epsilon_and_bound
     from .calibration import calibrate_noise_multiplier
 
     if (args.sigma is None) == (args.epsilon is None):
@@ -44,15 +45,17 @@ def _cmd(args: argparse.Namespace) -> int:
     label = {"pld": "pld", "rdp": "rdp", "auto": "reported (the smaller valid bound)"}
     for kind in kinds:
         if args.sigma is not None:
-            eps = rigorous_epsilon([GaussianStep(q, args.sigma, args.steps, sampling, size)], args.delta,
-                                   accountant=kind, adjacency=args.adjacency)
+            eps, bound = epsilon_and_bound([GaussianStep(q, args.sigma, args.steps, sampling, size)], args.delta,
+                                           accountant=kind, adjacency=args.adjacency)
             print(f"{label[kind]}: eps = {eps:.4f} at delta = {args.delta:g} (noise multiplier {args.sigma:g}, {what}, "
-                  f"{args.steps} steps, {args.adjacency})")
+                  f"{args.steps} steps, {args.adjacency}); bound: {bound}, {BOUNDS[bound]}")
         else:
             nu = calibrate_noise_multiplier(args.epsilon, args.delta, q, args.steps, accountant=kind,
                                             adjacency=args.adjacency, sampling=sampling, dataset_size=size)
+            _, bound = epsilon_and_bound([GaussianStep(q, nu, args.steps, sampling, size)], args.delta,
+                                         accountant=kind, adjacency=args.adjacency)
             print(f"{label[kind]}: noise multiplier = {nu:.4f} gives eps <= {args.epsilon:g} at delta = {args.delta:g} "
-                  f"({what}, {args.steps} steps, {args.adjacency})")
+                  f"({what}, {args.steps} steps, {args.adjacency}); bound: {bound}, {BOUNDS[bound]}")
     return 0
 
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # imported where used: dp-accounting and scipy cost seconds a
     from dp_accounting.pld import pld_pmf
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
-__all__ = ["subsampled_gaussian_pmf", "compose_pld", "rdp_subsampled_gaussian", "FastPLD", "FastRDP",
+__all__ = ["subsampled_gaussian_pmf", "compose_pmfs", "compose_pld", "rdp_subsampled_gaussian", "FastPLD", "FastRDP",
            "LOG_MASS_TRUNCATION", "TAIL_MASS"]
 
 #: dp-accounting's default ``log_mass_truncation_bound`` of the Gaussian noise (from_gaussian_mechanism)
@@ -135,7 +135,7 @@ def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tupl
     return lo, np.maximum(0.0, probs), float(deltas[-1])
 
 
-def _compose_pmfs(pmfs: Sequence[tuple[int, np.ndarray, float]], counts: np.ndarray, h: float,
+def compose_pmfs(pmfs: Sequence[tuple[int, np.ndarray, float]], counts: np.ndarray, h: float,
                   tail: float) -> pld_pmf.DensePLDPmf:
     """The composition of ``counts[b]`` copies of each PMF: one FFT product on a Chernoff window."""
     from dp_accounting.pld import pld_pmf
@@ -217,8 +217,8 @@ def compose_pld(qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[i
     counts = np.asarray(counts, dtype=np.int64)
     pmfs = {add: [subsampled_gaussian_pmf(float(q), float(s), h, add) for q, s in zip(qs, sigmas)]
             for add in (False, True)}
-    remove = _compose_pmfs(pmfs[False], counts, h, tail)
-    add = _compose_pmfs(pmfs[True], counts, h, tail)
+    remove = compose_pmfs(pmfs[False], counts, h, tail)
+    add = compose_pmfs(pmfs[True], counts, h, tail)
     return FastPLD(PrivacyLossDistribution(remove, add))
 
 

@@ -5,11 +5,14 @@ their clipped updates (L2 <= S2) carries ``N(0, (z_k S2)^2 I)`` (LRQ's decoding 
 Gaussian of Gau-SGD / QG-SGD); the neighbouring relation is replace-one *client* (a client's whole
 update replaced, so the sum moves by up to 2 S2).  That is :class:`~.accountant.GaussianStep` with
 ``sampling="fixed_size"``, ``q = B/N``, ``nu = z_k`` under ``adjacency="replace_one"``, accounted with
-the dominating pair ``((1-q) N(0, z^2) + q N(2, z^2), N(0, z^2))`` (tight; :mod:`.accountant`).
+the PLD of the symmetrised dominating pair of ``((1-q) N(0, z^2) + q N(2, z^2), N(0, z^2))``
+(:mod:`.replace_one`: proven for sampling without replacement at every order) or RDP's bound for
+sampling without replacement, whichever is smaller.
 
-At the paper's MNIST setting (z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5) this is 50.43;
-the RDP bound for sampling without replacement that the project used before gave 290.5, and the
-"Poisson approximation" of the spec's table (12.2) is not a bound for this sampler at all.
+At the paper's MNIST setting (z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5) this is 51.23 (the
+pair itself, composed in each order, attains 50.42: a lower bound); RDP's bound for sampling without
+replacement gives 290.5, and the "Poisson approximation" of the spec's table (12.2) is not a bound for
+this sampler at all.
 
 The guarantee is client-level.  It is record-level only when clients hold disjoint data; the
 experiments' client partitions (:func:`flower_dp.experiments.gau_lrq.client_data`) may overlap, so a
@@ -44,7 +47,7 @@ def client_level_epsilon(z, delta: float, *, B: int, N: int, accountant: str = D
 
     Each round: B of N clients uniformly without replacement, sum of clipped updates plus
     ``N(0, (z_k S2)^2 I)``, replace-one client adjacency; the smallest of the valid bounds (PLD of the
-    dominating pair, RDP), see the module docstring.
+    symmetrised dominating pair, RDP), see the module docstring.
     """
     z = np.asarray(z, dtype=np.float64).ravel()
     if z.size == 0:
@@ -102,11 +105,8 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
         z = z_paper
     else:
         shape = z_paper / z_paper[0]
-        # The fixed-size pair at z is the Poisson add/remove pair at z / 2 (module docstring), so the fast schedule
-        # solver for Poisson histories finds the scale; client_level_epsilon may only be lower (it also tries
-        # RDP's bound for sampling without replacement), so the target still holds.
-        scale = 2.0 * calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT,
-                                         adjacency="add_remove", rel_tol=1e-3)
+        scale = calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT, adjacency="replace_one",
+                                   rel_tol=1e-3, sampling="fixed_size", dataset_size=N)
         z = scale * shape
     eps_r = client_level_epsilon(z, delta, B=B, N=N)
     warn = ()
