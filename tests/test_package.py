@@ -1,15 +1,15 @@
-"""Packaging: one distribution, three import names, no stray top-level packages."""
+"""Packaging: one distribution, three import names, no stray top-level packages, one version source.
+
+The built sdist and wheel, installed into a fresh venv, are tested in tests/test_wheel.py."""
 
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ["privacy", "mechanisms", "gossip", "topology.py", "data.py", "models.py", "rng.py", "errors.py", "_checks.py"]
@@ -32,22 +32,6 @@ def test_no_top_level_strategies_or_clients_importable():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # Ray start-up may have exported one
     rc = subprocess.run([sys.executable, "-c", code], cwd="/", env=env).returncode
     assert rc == 0
-
-
-@pytest.mark.slow
-def test_wheel_contains_only_the_flower_dp_namespace(tmp_path):
-    """The built wheel holds flower_dp/..., including flower_dp/strategies and flower_dp/clients."""
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(tmp_path), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = tmp_path.glob("flower_dp-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert tops == {"flower_dp"}, tops
-    assert "flower_dp/strategies/__init__.py" in names
-    assert "flower_dp/clients/__init__.py" in names
 
 
 def _imports(path: Path) -> set[str]:
@@ -79,3 +63,17 @@ def test_cli_help_runs():
     """`flower-dp --help` works after installation."""
     out = subprocess.run([sys.executable, "-m", "flower_dp.cli", "--help"], capture_output=True, text=True, check=True)
     assert "flower-dp" in out.stdout
+
+
+def test_changelog_and_readme_name_the_current_version():
+    """CHANGELOG.md's first entry and the README's wheel install line name flower_dp.__version__, the one version
+    source (pyproject.toml reads it at build time)."""
+    import flower_dp
+
+    first = re.search(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert first and first.group(1) == flower_dp.__version__, \
+        f"CHANGELOG.md's first entry is {first and first.group(1)!r}, got __version__ {flower_dp.__version__!r}: " \
+        "add an entry for the new version at the top of CHANGELOG.md"
+    wheels = set(re.findall(r"flower_dp-(\S+?)-py3-none-any\.whl", (ROOT / "README.md").read_text()))
+    assert wheels == {flower_dp.__version__}, \
+        f"README.md installs the wheel of version {sorted(wheels)}, got __version__ {flower_dp.__version__!r}"
