@@ -15,6 +15,7 @@ from .accountant import (
     NodeAccountant,
     bucket_steps,
     rigorous_delta,
+    epsilon_and_bound,
     rigorous_epsilon,
 )
 from .budget import UNITS, PrivacyBudget, charge_replay, max_steps
@@ -60,6 +61,7 @@ __all__ = [
     "LaplaceStep",
     "NodeAccountant",
     "bucket_steps",
+    "epsilon_and_bound",
     "rigorous_epsilon",
     "PrivacyBudget",
     "charge_replay",

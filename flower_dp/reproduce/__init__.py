@@ -405,6 +405,10 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
                   ""]
     if meta.get("rerendered"):
         lines += ["Re-rendered from `records.json` (`flower-dp reproduce PAPER --rerender`): no run was repeated.", ""]
+    from .reaccount import reaccounted_line
+
+    if (moved := reaccounted_line(records)) is not None:
+        lines += [moved, ""]
     lines += tables_md
     lines += ["", "## Claims", "", "| claim | verdict | our numbers |", "|---|---|---|"]
     for c in claims:
