@@ -26,7 +26,7 @@ from flower_dp.gossip import Contribution, Share
 from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_grad_sum
 from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_clipped_grad_sum
 from flower_dp.mechanisms.flat import flatten_params
-from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, NodeAccountant
+from flower_dp.privacy.accountant import TABLE_SAMPLING, GaussianStep, LaplaceStep, NodeAccountant
 from flower_dp.mechanisms.noise import NoisePrefetcher, gaussian_noise, laplace_noise
 from flower_dp.rng import NodeKey, node_secret, noise_generator, noise_record, numpy_rng
 from flower_dp.rng import torch_generator
@@ -187,7 +187,8 @@ class Plan:
         if self.heuristic:
             return [LaplaceStep(float(v)) for v in nu]
         pop = self.population[i] if self.sampling == "fixed_size" else None
-        main = [GaussianStep(self.q[i], float(v), 1, self.sampling, pop) for v in nu]
+        sampling = TABLE_SAMPLING if self.nu_always and self.sampling == "fixed_size" else self.sampling
+        main = [GaussianStep(self.q[i], float(v), 1, sampling, pop) for v in nu]
         if not self.nu_always:
             return main
         extra = [GaussianStep(1.0, float(v)) for v in self.nu_always[i][start:stop]]

@@ -17,7 +17,9 @@ Pairs (``Pair(q, sigma, s)``: ``((1-q) N(0, sigma^2) + q N(s, sigma^2), N(0, sig
 Poisson add/remove -> ``Pair(q, nu, 1)`` (tight); fixed-size blocks / B of N under replace-one ->
 ``Pair(q, nu, 2)``, which is attained (the target at +C against -C, every other record at -C) and so
 a lower bound; the proven bound is its symmetrisation (``independent_pld.symmetrised_bracket``);
-a non-sampled Gaussian under replace-one (PrivSGP-VR's table average) -> ``Pair(1, nu, 2)``.
+a non-sampled Gaussian under replace-one -> ``Pair(1, nu, 2)``.  PrivSGP-VR's table carries its block draws
+into later releases; its bound (GDP given the draws, mixed over their binomial law) is checked against
+:func:`table_delta`, computed here from the Gaussian's closed form.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from independent_pld import Pair, eps_bracket, gaussian_epsilon, symmetrised_bracket  # noqa: E402
+from independent_pld import Pair, eps_bracket, gaussian_delta, gaussian_epsilon, symmetrised_bracket  # noqa: E402
 
 from flower_dp.privacy.accountant import GaussianStep, LaplaceStep, rigorous_epsilon  # noqa: E402
 
@@ -130,6 +132,46 @@ def check(name: str, reported: float, pairs, delta: float, *, use_prv: bool | No
     return lo, hi
 
 
+def table_delta(eps: float, q: float, nu: float, count: int, nus_always) -> float:
+    """PrivSGP-VR's bound, computed independently: ``sum_n Binom(n; K, q) delta_G(eps; mu(n))`` with
+    ``mu(n)^2 = n (2/nu)^2 + sum (2/nu_a)^2`` (the Balle-Wang closed form of the Gaussian, log-gamma binomial)."""
+    mu_a2 = sum((2.0 / v) ** 2 for v in nus_always)
+    total = 0.0
+    for n in range(count + 1):
+        logw = (math.lgamma(count + 1) - math.lgamma(n + 1) - math.lgamma(count - n + 1)
+                + n * math.log(q) + (count - n) * math.log1p(-q))
+        if logw < -60:
+            continue
+        mu = math.sqrt(n * (2.0 / nu) ** 2 + mu_a2)
+        total += math.exp(logw) * (gaussian_delta(eps, 1.0, mu) if mu > 0 else 0.0)
+    return total
+
+
+def check_table(name: str, reported: float, steps, delta: float) -> None:
+    """The table bound (``sampling="fixed_size_table"``) against :func:`table_delta`: delta at the reported eps is
+    at most the target (up to round-off), and 0.1 % less eps would exceed it."""
+    table = [s for s in steps if s.sampling == "fixed_size_table"]
+    always = [s for s in steps if s.q == 1.0]
+    assert table and len(table) + len(always) == len(steps), name
+    q, nu, count = table[0].q, min(s.nu for s in table), sum(s.count for s in table)
+    nus_always = [s.nu for s in always for _ in range(s.count)]
+    assert table_delta(reported, q, nu, count, nus_always) <= delta * (1 + 1e-6), name
+    assert table_delta(reported * 0.999, q, nu, count, nus_always) > delta, name
+
+
+def test_table_bound_is_above_the_per_step_composition_at_the_papers_settings():
+    """PrivSGP-VR at Fig. 7's K* = 575 (paper calibration): the table bound is the reported one, and it is far above
+    what composing per-step subsampled pairs would say (15.9), since the hidden draws cost the amplification."""
+    from flower_dp.privacy.calibration_algos import privsgp_vr_calibration
+
+    cal = privsgp_vr_calibration(1.0, 1e-5, num_iters=575, J=1200, G=0.5, block=40, vr=True, calibration="paper",
+                                 c2=0.3724)
+    steps = cal.steps()
+    check_table("fig7-K575", cal.eps_rigorous, steps, 1e-5)
+    per_step = [GaussianStep(s.q, s.nu, s.count, "fixed_size", s.dataset_size) if s.q < 1 else s for s in steps]
+    assert cal.eps_rigorous > 3 * rigorous_epsilon(per_step, 1e-5, adjacency="replace_one")
+
+
 # ----------------------------------------------------------------------------------- the independent path itself
 @pytest.mark.parametrize("sigma,k,s", [(1.0, 1, 1.0), (2.0, 1, 1.0), (0.8, 1, 2.0), (1.0, 50, 1.0), (4.0, 400, 1.0)])
 def test_bracket_contains_the_analytic_gaussian(sigma, k, s):
@@ -227,13 +269,15 @@ def test_plan_eps_matches_the_independent_bracket(case):
     steps, reported = _plan_reported(plan)
     if alg in ("privsgp", "privsgp_vr"):
         assert plan.sampling == "fixed_size" and plan.adjacency == "replace_one"
-        assert all(s.sampling == "fixed_size" for s in steps if s.q < 1)
+        want = "fixed_size_table" if alg == "privsgp_vr" else "fixed_size"
+        assert all(s.sampling == want for s in steps if s.q < 1)
     else:
         assert plan.sampling == "poisson"
     if alg == "privsgp_vr":  # the table average is charged at every step, sampled or not
         assert sum(s.count for s in steps if s.q == 1.0) == plan.num_iters
-    pairs = to_pairs(steps, plan.adjacency)
-    lo, hi = check(case, reported, pairs, plan.delta_of(0))
+        check_table(case, reported, steps, plan.delta_of(0))
+    else:
+        check(case, reported, to_pairs(steps, plan.adjacency), plan.delta_of(0))
     if "eps" in params and params.get("calibration") == "rigorous":
         assert reported <= params["epsilon"] * (1 + 1e-6)
 
@@ -365,8 +409,11 @@ def test_node_ledger_matches_the_independent_bracket(alg, tmp_path):
         again = rigorous_epsilon(ledger, plan.delta_of(node.node_id), accountant=plan.accountant,
                                  adjacency=plan.adjacency)
         assert reported == pytest.approx(again, rel=1e-9)
-        check(f"{alg}-node{node.node_id}", reported, to_pairs(ledger, plan.adjacency), plan.delta_of(node.node_id),
-              use_prv=None if node.node_id == 0 else False)
+        if alg == "privsgp_vr":
+            check_table(f"{alg}-node{node.node_id}", reported, ledger, plan.delta_of(node.node_id))
+        else:
+            check(f"{alg}-node{node.node_id}", reported, to_pairs(ledger, plan.adjacency),
+                  plan.delta_of(node.node_id), use_prv=None if node.node_id == 0 else False)
 
 
 @pytest.mark.slow

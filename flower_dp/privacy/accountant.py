@@ -86,6 +86,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive, check_probability
 from ..errors import UnsupportedEventError
 from . import fast_compose, replace_one
@@ -96,6 +98,7 @@ __all__ = [
     "ACCOUNTANTS",
     "ADJACENCIES",
     "SAMPLINGS",
+    "TABLE_SAMPLING",
     "DEFAULT_ACCOUNTANT",
     "BOUNDS",
     "epsilon_and_bound",
@@ -107,7 +110,9 @@ __all__ = [
 
 ACCOUNTANTS = ("auto", "pld", "rdp")
 ADJACENCIES = ("add_remove", "replace_one")
-SAMPLINGS = ("poisson", "fixed_size")
+SAMPLINGS = ("poisson", "fixed_size", "fixed_size_table")
+#: one of fixed blocks whose gradient a table keeps for later releases (PrivSGP-VR): :func:`_table_epsilon`
+TABLE_SAMPLING = "fixed_size_table"
 #: the older name of ``"fixed_size"``, still accepted
 SAMPLING_ALIASES = {"without_replacement": "fixed_size"}
 DEFAULT_ACCOUNTANT = "auto"
@@ -166,7 +171,9 @@ class GaussianStep:
     nu : float > 0
         Noise std divided by C (``inf`` = no release, costs nothing).
     count : int >= 0
-    sampling : {"poisson", "fixed_size"}  (``"without_replacement"`` is an alias of ``"fixed_size"``)
+    sampling : {"poisson", "fixed_size", "fixed_size_table"}  (``"without_replacement"`` is an alias of
+        ``"fixed_size"``; ``"fixed_size_table"``: fixed blocks whose gradients a table carries into later
+        releases, PrivSGP-VR, charged by :func:`_table_epsilon`)
     dataset_size : int or None
         Required for ``fixed_size``: the population the batch is drawn from (``q * dataset_size``
         must be an integer: the batch size, or 1 for one of ``dataset_size`` fixed blocks).
@@ -184,9 +191,9 @@ class GaussianStep:
         check_int("count", self.count, minimum=0)
         object.__setattr__(self, "sampling", SAMPLING_ALIASES.get(self.sampling, self.sampling))
         check_choice("sampling", self.sampling, SAMPLINGS)
-        if self.sampling == "fixed_size":
+        if self.sampling in ("fixed_size", TABLE_SAMPLING):
             if self.dataset_size is None:
-                raise ValueError("dataset_size is required for sampling='fixed_size' (the population B is drawn "
+                raise ValueError(f"dataset_size is required for sampling={self.sampling!r} (the population B is drawn "
                                  "from), got None")
             n = check_int("dataset_size", self.dataset_size, minimum=1)
             b = self.q * n
@@ -431,6 +438,8 @@ BOUNDS = {
     "rdp_without_replacement": "RDP of sampling without replacement, replace-one (Wang, Balle & Kasiviswanathan "
                                "2019)",
     "rdp_unsampled": "RDP of the unsampled Gaussian, replace-one (joint quasi-convexity; loose)",
+    "gdp_table_draws": "GDP conditioned on the hidden block draws, mixed over their binomial law (PrivSGP-VR's "
+                       "table; joint convexity, Dong, Roth & Su 2022)",
     "pure_dp": "basic composition of pure-DP Laplace releases",
     "none": "no release charged",
 }
@@ -466,6 +475,72 @@ def _bound(merged, accountant, adjacency, discretization, native, query) -> floa
     return query(acc) if nonempty else 0.0
 
 
+def _table_parts(merged: tuple[Step, ...], adjacency: str) -> tuple[float, float, int, float]:
+    """(q, nu, count, mu_always^2) of a history with table-sampled steps (:func:`_table_epsilon`)."""
+    table = [s for s in merged if isinstance(s, GaussianStep) and s.sampling == TABLE_SAMPLING]
+    other = [s for s in merged if s not in table]
+    if adjacency != "replace_one":
+        raise UnsupportedEventError(f"sampling={TABLE_SAMPLING!r} is accounted under adjacency='replace_one' only, got "
+                                    f"adjacency={adjacency!r}")
+    if any(not isinstance(s, GaussianStep) or s.q < 1 for s in other) or len({s.q for s in table}) != 1:
+        raise UnsupportedEventError(f"a history with sampling={TABLE_SAMPLING!r} steps may hold only unsampled Gaussian "
+                                    "steps beside them, all table steps at one q; got "
+                                    f"{sorted({(type(s).__name__, getattr(s, 'q', None)) for s in merged})}")
+    mu_always_sq = sum(s.count * (2.0 / s.nu) ** 2 for s in other)
+    return table[0].q, min(s.nu for s in table), sum(s.count for s in table), mu_always_sq
+
+
+def _table_delta(merged: tuple[Step, ...], adjacency: str, epsilon: float) -> float:
+    """delta(eps) of a history with table-sampled steps: ``E_n[delta_G(eps; mu(n))]``, n ~ Binomial(K, q).
+
+    PrivSGP-VR releases ``h - T[blk] + avg(T)`` plus Gaussian noise; the table T holds each block's gradient
+    from the step that last drew it, so every later release (through ``avg(T)`` and ``T[blk]``) depends on
+    which earlier steps drew the target's block: the draws are hidden state shared between steps, and the
+    composition of per-step subsampled pairs (which treats each step's draw as fresh and unseen) is not a
+    proof for it.  Conditioned on the whole draw sequence s (independent of the data, equal in both
+    neighbouring datasets), the run is an adaptive composition of Gaussian releases whose replace-one shifts
+    are fixed by s: ``2/nu`` (in noise units) at each of the n(s) steps that draw the target's block, 0 at the
+    others, and ``2/nu_a`` for the table average at every step, whatever step last refreshed it.  So it is
+    ``mu(s)``-GDP, ``mu(s)^2 = n(s) (2/nu)^2 + sum (2/nu_a)^2`` (Dong, Roth & Su 2022, Cor. 3.3), and by joint
+    convexity of the hockey-stick divergence over the common law of s, ``delta(eps) <= E_s[delta_G(eps;
+    mu(s))]`` with ``n(s) ~ Binomial(K, q)`` (one of ``1/q`` blocks drawn uniformly per step).  Table steps at
+    several noise levels are all charged at the smallest.
+    """
+    from scipy import special, stats
+
+    q, nu, count, mu_a2 = _table_parts(merged, adjacency)
+    n = np.arange(count + 1)
+    w = stats.binom.pmf(n, count, q)
+    mu = np.sqrt(n * (2.0 / nu) ** 2 + mu_a2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = special.ndtr(mu / 2 - epsilon / mu) - np.exp(epsilon + special.log_ndtr(-mu / 2 - epsilon / mu))
+    d = np.where(mu > 0, np.clip(d, 0.0, 1.0), 0.0)
+    return float(min(1.0, np.dot(w, d)))
+
+
+def _table_epsilon(merged: tuple[Step, ...], adjacency: str, delta: float) -> float:
+    """The smallest eps (to 1e-9 relative, rounded up) with :func:`_table_delta` ``<= delta``."""
+    if _table_delta(merged, adjacency, 0.0) <= delta:
+        return 0.0
+    hi = 1.0
+    while _table_delta(merged, adjacency, hi) > delta:
+        hi *= 2.0
+        if hi > 1e6:
+            return math.inf
+    lo = 0.0
+    while hi - lo > 1e-9 * hi:
+        mid = 0.5 * (lo + hi)
+        if _table_delta(merged, adjacency, mid) > delta:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _has_table(merged: tuple[Step, ...]) -> bool:
+    return any(isinstance(s, GaussianStep) and s.sampling == TABLE_SAMPLING for s in merged)
+
+
 def epsilon_and_bound(
     steps: Iterable[Step],
     delta: float,
@@ -481,6 +556,8 @@ def epsilon_and_bound(
     merged, eps_pure = _split_pure(_prepare(steps, accountant, adjacency, bucket_rel, max_buckets), adjacency)
     if not merged:
         return eps_pure, "pure_dp" if eps_pure > 0 else "none"
+    if _has_table(merged):
+        return _table_epsilon(merged, adjacency, delta) + eps_pure, "gdp_table_draws"
     if discretization is None:
         discretization = PLD_DISCRETIZATION if len(merged) <= FINE_LEVELS else PLD_DISCRETIZATION_MANY
 
@@ -549,6 +626,8 @@ def rigorous_delta(
     epsilon -= eps_pure
     if not merged:
         return 0.0
+    if _has_table(merged):
+        return _table_delta(merged, adjacency, epsilon)
 
     def query(acc) -> float:
         return float(acc.get_delta(epsilon))

@@ -15,7 +15,7 @@ import numpy as np
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
 from . import paper
 from . import rdp_fast
-from .accountant import SAMPLING_ALIASES, SAMPLINGS, GaussianStep, LaplaceStep, rigorous_epsilon
+from .accountant import SAMPLING_ALIASES, SAMPLINGS, TABLE_SAMPLING, GaussianStep, LaplaceStep, rigorous_epsilon
 from .calibration import CALIBRATIONS, calibrate, calibrate_noise_multiplier, calibrate_schedule
 
 __all__ = [
@@ -60,7 +60,9 @@ class GaussianCalibration:
 
 
 def _step_pair(q, nu, nu_always, count, sampling, dataset_size) -> list[GaussianStep]:
-    out = [GaussianStep(q, nu, count, sampling, dataset_size if sampling == "fixed_size" else None)]
+    if math.isfinite(nu_always) and sampling == "fixed_size":  # PrivSGP-VR: the table carries the draws forward
+        sampling = TABLE_SAMPLING
+    out = [GaussianStep(q, nu, count, sampling, dataset_size if sampling != "poisson" else None)]
     if math.isfinite(nu_always):
         out.append(GaussianStep(1.0, nu_always, count))
     return out
