@@ -12,7 +12,8 @@ dominating pair (:mod:`flower_dp.privacy.replace_one`):
 - Gau-LRQ and its Gaussian baselines (``gau-lrq``): B of N clients per round, noise multiplier ``z`` per
   round (``z_first``/``z_last`` in the record; Dynamic Gau-LRQ's schedule shape is public, eq. 17/18);
 - PrivSGP and PrivSGP-VR (``privsgp-vr``): one of ``J // b`` fixed blocks per step, the recorded noise std on
-  the gradient (``history[].noise_std``), split and charged as the calibration does.
+  the gradient (``history[].noise_std``), split and charged as the calibration does (PrivSGP-VR's table:
+  the GDP bound over its hidden draws, :data:`TABLE_REASON`).
 
 CLI: ``python -m flower_dp.reproduce.reaccount DIR [DIR ...]`` re-accounts and re-renders each folder.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SYMMETRISED_PAIR_REASON", "reaccount_record", "reaccount", "reaccounted_line"]
+__all__ = ["SYMMETRISED_PAIR_REASON", "TABLE_REASON", "proven_epsilon", "reaccount_record", "reaccount", "reaccounted_line"]
 
 SYMMETRISED_PAIR_REASON = (
     "fixed-size sampling under replace-one is charged the PLD of the symmetrised dominating pair, proven at every "
@@ -91,11 +92,30 @@ def _privsgp_eps(rec: dict[str, Any], cfg: dict[str, Any]) -> Callable[[int], fl
     return eps
 
 
+TABLE_REASON = (
+    "PrivSGP-VR's table carries its hidden block draws into later releases, so it is charged GDP conditioned on "
+    "the draws, mixed over their binomial law (bound gdp_table_draws), instead of one subsampled pair per step")
+
 _EPS_OF = {"gau-lrq": _gau_lrq_eps, "privsgp-vr": _privsgp_eps}
 
 
-def reaccount_record(paper: str, rec: dict[str, Any], reason: str = SYMMETRISED_PAIR_REASON) -> dict[str, Any]:
-    """A copy of ``rec`` (with its rebuilt ``config``) with ``eps_rigorous`` of its noise under today's accountant."""
+def _reason(rec: dict[str, Any]) -> str:
+    algorithm = ((rec.get("config") or {}).get("algorithm") or {}).get("name")
+    return TABLE_REASON if algorithm == "privsgp_vr" else SYMMETRISED_PAIR_REASON
+
+
+def proven_epsilon(paper: str, rec: dict[str, Any]) -> float | None:
+    """The eps of ``rec``'s recorded noise under today's accountant (``rec`` with its rebuilt ``config``); None
+    for a record this module does not re-account (non-private, heuristic, or another sampler)."""
+    make = _EPS_OF.get(paper)
+    cfg = rec.get("config")
+    eps_of = make(rec, cfg) if make is not None and cfg is not None else None
+    return None if eps_of is None else float(eps_of(int(rec["num_iters"])))
+
+
+def reaccount_record(paper: str, rec: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
+    """A copy of ``rec`` (with its rebuilt ``config``) with ``eps_rigorous`` of its noise under today's accountant;
+    ``reason`` (default: the change that moved this kind of record) is kept in ``reaccounted``."""
     make = _EPS_OF.get(paper)
     cfg = rec.get("config")
     eps_of = make(rec, cfg) if make is not None and cfg is not None else None
@@ -108,7 +128,7 @@ def reaccount_record(paper: str, rec: dict[str, Any], reason: str = SYMMETRISED_
         return rec
     out["eps_rigorous"] = new
     out.setdefault("eps_rigorous_before", old)
-    out["reaccounted"] = reason
+    out["reaccounted"] = reason or _reason(rec)
     if rec.get("history"):
         out["history"] = [{**h, "eps_rigorous": float(eps_of(int(h["k"])))} if "eps_rigorous" in h and int(h["k"]) > 0
                           else h for h in rec["history"]]
