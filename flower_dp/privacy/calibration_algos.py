@@ -85,19 +85,40 @@ _TABLE_SHARES = np.geomspace(1e-4, 0.5, 60)
 
 
 def _vr_table_share(q: float, K: int, c_sampled: float, c_always: float, std: float, delta: float) -> float:
-    """Share ``a`` of the variance that the always-present term gets, minimising a fast RDP proxy.
+    """Share ``a`` of the variance that the always-present term gets: the grid point with the least eps under
+    PrivSGP-VR's table bound (:func:`flower_dp.privacy.accountant._table_delta`), all grid points at once.
 
     Splitting one Gaussian ``N(0, std^2)`` into independent ``N(0, (1-a) std^2) + N(0, a std^2)`` and
     charging each part for its own sensitivity is valid for every ``a`` (the release is a post-processing
-    of the two parts), so the choice only affects tightness; it depends on public values only.
+    of the two parts), so the choice only affects tightness; it depends on public values only.  The eps of
+    the chosen split is the minimum over the grid of continuous functions of ``std``, so it is continuous in
+    ``std`` and a calibration can meet its target closely.
     """
-    a = _TABLE_SHARES
-    nu_s = std * np.sqrt(1 - a) / c_sampled / 2.0  # replace-one: sensitivity 2 c, proxy in add/remove units
-    nu_a = std * np.sqrt(a) / c_always / 2.0
-    orders = rdp_fast.ORDERS.astype(np.float64)
-    total = K * (rdp_fast.rdp_poisson_gaussian(q, nu_s) + orders[None, :] / (2.0 * nu_a[:, None] ** 2))
-    eps = total + np.log1p(-1.0 / orders) - (np.log(delta) + np.log(orders)) / (orders - 1)
-    return float(a[int(np.argmin(eps.min(axis=1)))])
+    from scipy import special, stats
+
+    a = _TABLE_SHARES[:, None]
+    n = np.arange(K + 1, dtype=np.float64)
+    w = stats.binom.pmf(n, K, q)
+    keep = w > 1e-300
+    n, w = n[keep][None, :], w[keep][None, :]
+    mu = np.sqrt(n * (2.0 * c_sampled) ** 2 / (1 - a) + K * (2.0 * c_always) ** 2 / a) / std
+
+    def excess(eps: np.ndarray) -> np.ndarray:
+        e = eps[:, None]
+        d = special.ndtr(mu / 2 - e / mu) - np.exp(e + special.log_ndtr(-mu / 2 - e / mu))
+        return (w * np.clip(d, 0.0, 1.0)).sum(axis=1) - delta
+
+    lo, hi = np.zeros(a.shape[0]), np.ones(a.shape[0])
+    for _ in range(60):
+        grow = excess(hi) > 0
+        if not grow.any():
+            break
+        hi = np.where(grow, hi * 2.0, hi)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        over = excess(mid) > 0
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    return float(_TABLE_SHARES[int(np.argmin(hi))])
 
 
 def privsgp_vr_calibration(
