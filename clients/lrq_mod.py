@@ -42,7 +42,7 @@ from logging import WARNING
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
@@ -53,11 +53,14 @@ from flower_dp.mechanisms.gau_lrq_codec import (  # the wire format lives in the
     META_KEY,
     PARTITION_META,
     PAYLOAD_KEY,
+    PROBE_KEY,
+    PROBE_TAG_META,
     RELEASED_STATS,
     SECRET_ENV,
     SECRET_RUN_CONFIG,
     encode_update,
     load_secret,
+    probe_tag,
     run_key,
     spec_from_config,
 )
@@ -83,6 +86,9 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
     def mod(msg: Message, ctx: Context, call_next) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, ctx)
+        if (len(msg.content.array_records) == 0 and len(msg.content.config_records) == 1
+                and PROBE_KEY in next(iter(msg.content.config_records.values()))):
+            return _answer_probe(msg, ctx, secret, secret_file)
         if len(msg.content.array_records) != 1 or len(msg.content.config_records) != 1:
             return _err(msg, f"expects exactly one ArrayRecord and one ConfigRecord in the train message, got "
                         f"{len(msg.content.array_records)} and {len(msg.content.config_records)}; use the GauLRQ "
@@ -150,6 +156,22 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
 
     mod.__name__ = _MOD
     return mod
+
+
+def _answer_probe(msg: Message, ctx: Context, secret: bytes | None, secret_file) -> Message:
+    """GauLRQ's probe, answered here and never passed to the user's train function: the partition id and a keyed
+    hash proving this client holds the run secret (an error reply naming the problem otherwise)."""
+    if "partition-id" not in ctx.node_config:
+        return _err(msg, f"requires node_config['partition-id'] (keys the client's stream), got keys "
+                    f"{sorted(ctx.node_config)}; set it in the SuperNode's --node-config")
+    pid = int(ctx.node_config["partition-id"])
+    try:
+        rk = run_key(load_secret(secret, secret_file, ctx),
+                     str(next(iter(msg.content.config_records.values()))[PROBE_KEY]))
+    except (ValueError, TypeError, OSError) as exc:
+        return _err(msg, f"cannot set up the encoder: {exc}")
+    meta = ConfigRecord({PARTITION_META: pid, PROBE_TAG_META: probe_tag(rk, pid)})
+    return Message(content=RecordDict({META_KEY: meta}), reply_to=msg)
 
 
 #: The mod reading the secret from the run config / environment (see module docstring).

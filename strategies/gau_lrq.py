@@ -65,7 +65,8 @@ from flower_dp.recorder import RunRecorder
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.rng import noise_record
 from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
-                                                RoundSpec, decode_update, load_secret, payload_bytes, run_key)
+                                                PROBE_KEY, PROBE_TAG_META, SECRET_RUN_CONFIG, RoundSpec, create_secret_file,
+                                                decode_update, load_secret, payload_bytes, probe_tag, run_key)
 
 from . import flower_privacy as fp
 
@@ -82,6 +83,9 @@ HEURISTIC_METHODS = {"bq": BQ_PRIVACY_NOTE}
 FLOAT32_LAYER_NOTE = ("heuristic, not proven: layer_dtype='float32' draws the LRQ layers from 24-bit uniforms, so the "
                       "decoded error is cut near 5.77 sigma and is not exactly Gaussian; use layer_dtype='float64' "
                       "(the default) for a proven eps")
+
+#: :meth:`GauLRQ.check_learning` warns when the noise norm on the averaged update exceeds this many clip norms
+NOISE_TO_CLIP_LIMIT = 10.0
 
 #: ``results()["noise"]["note"]`` of a run keyed by a secret (the default)
 GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise are keyed by a run secret that only the "
@@ -178,7 +182,13 @@ class GauLRQ(FedAvg):
     ``eps_paper`` (the paper's closed form, not a bound) and, with ``accountant``, ``eps_flower``.
     """
 
-    def __init__(self, *, num_clients: int | None = None, clients_per_round: int | None = None,
+    def __init__(self, fraction_train: float | None = None, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None, *,
+                 num_clients: int | None = None, clients_per_round: int | None = None,
                  clip: float | None = None, num_rounds: int | None = None, epsilon: float | None = None,
                  delta: float | None = None, method: str = "lrq", tau: float = 1.0,
                  noise_multiplier: float | None = None, calibration: str = "rigorous", accountant=None,
@@ -186,12 +196,7 @@ class GauLRQ(FedAvg):
                  layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
                  stream_nonce: str | None = None, resume: bool = False, run_info: dict | None = None,
                  debug_metrics: bool = False, reproducible: bool = False, max_failed_rounds: int = 3,
-                 fraction_train: float | None = None, fraction_evaluate: float = 1.0,
-                 min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
-                 min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
-                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
-                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None) -> None:
+                 node_wait_s: float = 30.0) -> None:
         self.method = check_choice("method", method, METHODS)
         self.private = method != "none"
         self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
@@ -236,7 +241,15 @@ class GauLRQ(FedAvg):
             raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
         self.run_info = dict(run_info or {})
         self._nonce_given = stream_nonce is not None
+        if secret is None and secret_file is not None:
+            path, created = create_secret_file(secret_file)
+            if created:
+                log(WARNING, "GauLRQ: created the run secret file %s (32 random bytes, mode 0600); every ClientApp's "
+                    "gau_lrq_mod must read this same file (run config '%s')", path, SECRET_RUN_CONFIG)
         self._secret = load_secret(secret, secret_file)  # never logged or saved
+        self.node_wait_s = check_positive("node_wait_s", node_wait_s)
+        self._probed: set[int] = set()
+        self._probe_timeout = 3600.0  # start() sets its round timeout
         self.secret_file = None if secret_file is None else str(secret_file)
         # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
         self.stream_nonce = os.urandom(8).hex() if stream_nonce is None else str(stream_nonce)
@@ -312,6 +325,31 @@ class GauLRQ(FedAvg):
                                              noise_multiplier=self.noise_multiplier)
             for w in self.schedule.warnings:
                 log(WARNING, "GauLRQ: %s", w)
+
+    def check_learning(self, d: int) -> dict | None:
+        """Compare the noise on the averaged update with the clip norm for a model of ``d`` parameters.
+
+        The average of B clipped updates has L2 norm <= S2; round k adds noise of per-coordinate std
+        ``z_k S2 / B``, so its norm is about ``z_k S2 sqrt(d) / B``.  When that is more than
+        :data:`NOISE_TO_CLIP_LIMIT` times S2 for the smallest z_k, the update is drowned in noise and the model
+        will most likely not learn: a ``WARNING`` gives the numbers and what would help.  Returns the numbers
+        (``noise_norm``, ``clip``, ``ratio``, ``d``, ``B``), or None without a noise schedule.
+        """
+        if self.schedule is None or d <= 0:
+            return None
+        z = float(np.min(self.schedule.z))
+        noise_norm = z * self.clip * math.sqrt(d) / self.B
+        out = {"noise_norm": noise_norm, "clip": self.clip, "ratio": noise_norm / self.clip, "d": int(d), "B": self.B,
+               "z": z}
+        if out["ratio"] > NOISE_TO_CLIP_LIMIT:
+            need_b = math.ceil(z * math.sqrt(d) / NOISE_TO_CLIP_LIMIT)
+            log(WARNING, "GauLRQ: learning is implausible at these settings: the noise on the averaged update has norm "
+                "%.3g (z = %.3g, S2 = %g, d = %d parameters, B = %d clients per round: z S2 sqrt(d) / B), %.0fx "
+                "the clip norm S2 = %g that bounds the averaged update itself (warning above %gx). Client-level DP "
+                "needs many clients per round: B >= %d at this z and model size; or a larger epsilon (smaller z), "
+                "fewer rounds, or a smaller model (the ratio grows with sqrt(d))", noise_norm, z, self.clip, d, self.B,
+                out["ratio"], self.clip, NOISE_TO_CLIP_LIMIT, need_b)
+        return out
 
     # ------------------------------------------------------------------ schedule
     @property
@@ -396,6 +434,7 @@ class GauLRQ(FedAvg):
         event = self._flower_event(k) if self.accountant is not None else None
         fp.check_budget(self.accountant, event, where=f"GauLRQ round {server_round}")
         node_ids = self._wait_for_nodes(grid)
+        self._probe(grid, node_ids)
         sampled = self._sample(k, node_ids)
         spec = self.round_spec(k)
         cfg = ConfigRecord(dict(config))
@@ -409,14 +448,77 @@ class GauLRQ(FedAvg):
         self._pending["downlink"] = sum(message_bytes(m) for m in msgs)
         return msgs
 
-    def _wait_for_nodes(self, grid: Grid, timeout_s: float = 120.0) -> list[int]:
-        t0 = time.time()
-        while len(ids := list(grid.get_node_ids())) < self.N and time.time() - t0 < timeout_s:
-            time.sleep(0.5)
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        """The N node ids; raises ``ValueError`` at once on a size mismatch in simulation, after ``node_wait_s``
+        on the deployment engine.
+
+        In simulation (Flower's ``InMemoryGrid``, :class:`~flower_dp.experiments.gau_lrq.InProcessGrid`) every
+        SuperNode registers at once, so a count that stays the same for 1 s is final.  On the deployment engine
+        SuperNodes connect over time: GauLRQ waits up to ``node_wait_s`` for exactly N.
+        """
+        simulated = type(grid).__name__ in ("InMemoryGrid", "InProcessGrid")
+        limit = self.node_wait_s
+        t0 = last_change = time.monotonic()
+        ids = list(grid.get_node_ids())
+        if len(ids) != self.N and not simulated:
+            log(INFO, "GauLRQ: %d of num_clients = %d SuperNodes connected; waiting up to node_wait_s = %g s",
+                len(ids), self.N, limit)
+        while len(ids) != self.N and time.monotonic() - t0 < limit:
+            if simulated and ids and time.monotonic() - last_change >= 1.0:
+                break  # the simulation registered its SuperNodes: the count is final
+            time.sleep(0.2)
+            now = list(grid.get_node_ids())
+            if len(now) != len(ids):
+                last_change = time.monotonic()
+            ids = now
         if len(ids) != self.N:
             raise ValueError(f"GauLRQ was configured for num_clients N = {self.N} (the accountant's q = B/N), got "
-                             f"{len(ids)} connected SuperNodes; set num_clients to the number of SuperNodes")
+                             f"{len(ids)} connected SuperNodes after {time.monotonic() - t0:.1f} s"
+                             f"{'' if simulated else f' (node_wait_s = {limit:g})'}; set num_clients to the number "
+                             "of SuperNodes (simulation: num-supernodes in the federation config)")
         return ids
+
+    def _probe(self, grid: Grid, node_ids: list[int]) -> None:
+        """Confirm, before any train message carries the model, that every node runs ``gau_lrq_mod`` with this
+        run's secret and its own partition id in [0, N).
+
+        The probe is a train message holding only a ConfigRecord (no model); the mod answers it itself.  A
+        ClientApp without the mod passes it to the user's train function, which finds no model in it: its
+        reply (usually an error) is discarded unread and the run stops with a ``RuntimeError`` naming the nodes.
+        """
+        todo = [n for n in node_ids if int(n) not in self._probed]
+        if not todo:
+            return
+        msgs = [Message(content=RecordDict({self.configrecord_key: ConfigRecord({PROBE_KEY: self.stream_nonce})}),
+                        message_type=MessageType.TRAIN, dst_node_id=n) for n in todo]
+        replies = {int(m.metadata.src_node_id): m for m in grid.send_and_receive(messages=msgs,
+                                                                              timeout=self._probe_timeout)}
+        problems, pids = [], {}
+        for n in todo:
+            m = replies.get(int(n))
+            if m is None:
+                problems.append(f"node {n}: no reply within {self._probe_timeout:g} s")
+                continue
+            if m.has_error():
+                problems.append(f"node {n}: error reply: {m.error.reason}")
+                continue
+            meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
+            if PROBE_TAG_META not in meta or PARTITION_META not in meta:
+                problems.append(f"node {n}: replied without gau_lrq_mod's answer (records {list(m.content.keys())})")
+                continue
+            pid = int(meta[PARTITION_META])
+            if not 0 <= pid < self.N or pid in pids:
+                problems.append(f"node {n}: partition-id {pid}, got it twice or outside [0, {self.N})")
+            elif meta[PROBE_TAG_META] != probe_tag(self._run_key, pid):
+                problems.append(f"node {n} (partition {pid}): holds another run secret than the server")
+            pids[pid] = n
+        if problems:
+            raise RuntimeError(
+                f"GauLRQ: {len(problems)} of {len(todo)} ClientApps cannot take part (checked before any model was "
+                f"sent): {'; '.join(problems[:5])}{' ...' if len(problems) > 5 else ''}. Every ClientApp needs "
+                "ClientApp(mods=[gau_lrq_mod]) and the server's run secret file (run config 'lrq-secret-file'); "
+                "without the mod a client would send its weights in the clear")
+        self._probed.update(int(n) for n in todo)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -569,6 +671,12 @@ class GauLRQ(FedAvg):
         _log_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
         self.summary()
         log(INFO, "")
+        self._probe_timeout = float(timeout)
+        self.check_learning(sum(int(np.prod(a.shape)) for a in initial_arrays.values()))
+        if not self.publish_train_metrics:
+            log(WARNING, "GauLRQ: the clients' train metrics (e.g. train_loss) are not published: they are statistics "
+                "of the clients' private data that eps does not cover; pass train_metrics_aggr_fn (or "
+                "debug_metrics=True) to publish them, uncharged")
         if self.fraction_evaluate > 0 and not self.publish_evaluate_metrics:
             log(WARNING, "GauLRQ: client-side evaluation runs (fraction_evaluate=%s) but its aggregated metrics are "
                 "not published: they are statistics of the clients' private data that eps does not cover; pass "

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ from flower_dp.mechanisms import lrq
 
 __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
            "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "KEYS", "PAYLOAD_KEY", "META_KEY",
-           "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META", "load_secret", "run_key",
+           "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META", "PROBE_KEY", "PROBE_TAG_META",
+           "probe_tag", "load_secret", "read_secret_file",
+           "create_secret_file", "secret_path", "run_key",
            "spec_from_config"]
 
 # ---------------------------------------------------------------------------------------------
@@ -60,6 +63,11 @@ SECRET_RUN_CONFIG = "lrq-secret-file"
 RELEASED_STATS = ("bits_algorithmic", "bits_entropy")
 #: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
 PARTITION_META = "gau-lrq.partition-id"
+#: ConfigRecord key of the probe: a train message carrying only a ConfigRecord with this key (value: the stream
+#: nonce) is answered by ``gau_lrq_mod`` itself, never by the user's train function, with :data:`PROBE_TAG_META`
+PROBE_KEY = "gau-lrq.probe"
+#: META_KEY entry of the probe's answer: :func:`probe_tag` of the client's run key and partition id
+PROBE_TAG_META = "gau-lrq.probe-tag"
 
 
 def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
@@ -67,7 +75,8 @@ def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | No
     """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config of ``context`` (a Flower
     Context) or the env var.
 
-    Raises ``ValueError`` naming the sources tried (never their content).
+    The file must exist and be readable by its owner only (:func:`read_secret_file`).  Raises ``ValueError``
+    naming the sources tried and the fix (never the content).
     """
     if secret is not None:
         if not isinstance(secret, bytes) or len(secret) < 16:
@@ -81,17 +90,69 @@ def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | No
         path = os.environ.get(SECRET_ENV) or None
     if path is None:
         raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
-                         f"{SECRET_ENV}; write secrets.token_bytes(32) to a file readable by server and clients "
-                         "and point one of them at it")
-    data = Path(os.path.expanduser(str(path))).read_bytes()
+                         f"{SECRET_ENV}; point one of them at the secret file the server's GauLRQ uses (GauLRQ "
+                         "creates it, mode 0600, when its secret_file does not exist yet)")
+    return read_secret_file(path)
+
+
+def secret_path(path: str | os.PathLike) -> Path:
+    """``path`` with ``~`` expanded (the form every message about a secret file names)."""
+    return Path(os.path.expanduser(str(path)))
+
+
+def read_secret_file(path: str | os.PathLike) -> bytes:
+    """The content of an existing secret file that only its owner can read.
+
+    Raises ``ValueError`` for a missing file (what it is and how to make one), a file that group or others may
+    read or write (its mode and ``chmod 600``), or one shorter than 16 bytes.
+    """
+    p = secret_path(path)
+    if not p.is_file():
+        raise ValueError(f"the LRQ run secret file {str(p)!r} does not exist, got no file there; it holds the "
+                         "secret shared by the server and the clients (>= 16 random bytes): GauLRQ(secret_file=...) "
+                         "creates it (mode 0600) when it starts, or make one with python -c \"import os, secrets; "
+                         f"fd = os.open({str(p)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
+                         "os.write(fd, secrets.token_bytes(32))\"")
+    mode = p.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"the LRQ run secret file {str(p)!r} is readable or writable by group or others, got mode "
+                         f"{mode:04o}; anyone who reads it can decode every client's update: run chmod 600 "
+                         f"{str(p)!r} (mode 0600, owner only)")
+    data = p.read_bytes()
     if len(data) < 16:
-        raise ValueError(f"the LRQ secret file {path} must hold >= 16 bytes, got {len(data)}")
+        raise ValueError(f"the LRQ run secret file {str(p)!r} must hold >= 16 bytes, got {len(data)}; write "
+                         "secrets.token_bytes(32) into it")
     return data
+
+
+def create_secret_file(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Create ``path`` (and its folder) holding 32 random bytes, mode 0600, if it does not exist.
+
+    Returns (the expanded path, True if it was created now).  An existing file is left as it is (and checked
+    when read).
+    """
+    p = secret_path(path)
+    if p.exists():
+        return p, False
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it meanwhile
+        return p, False
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    return p, True
 
 
 def run_key(secret: bytes, nonce: str) -> bytes:
     """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
     return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
+
+
+def probe_tag(run_key_: bytes, partition_id: int) -> str:
+    """The probe's answer: a keyed hash proving the client holds the run secret (reveals nothing about it)."""
+    return hashlib.sha256(b"flower_dp.gau_lrq.probe\x00" + run_key_ + int(partition_id).to_bytes(8, "little")
+                          ).hexdigest()[:32]
 
 
 def spec_from_config(cfg) -> "RoundSpec":
