@@ -66,7 +66,8 @@ from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_sc
 from flower_dp.rng import noise_record
 from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
                                                 PROBE_KEY, PROBE_TAG_META, SECRET_RUN_CONFIG, RoundSpec, create_secret_file,
-                                                decode_update, load_secret, payload_bytes, probe_tag, run_key)
+                                                decode_update, load_secret, payload_bytes, probe_tag, public_bits,
+                                                run_key)
 
 from . import flower_privacy as fp
 
@@ -552,9 +553,10 @@ class GauLRQ(FedAvg):
         d = int(sum(t.size for t in p["theta"]))
         total = np.zeros(d, dtype=np.float64)
         seen: dict[int, int] = {}
-        # bits of the sent messages; the clean-A counts (bits_paper, bits_fixed) only with debug_metrics
-        bits = {"bits_algorithmic": 0.0, "bits_entropy": 0.0,
-                **({"bits_paper": 0.0, "bits_fixed": 0.0} if self.debug_metrics else {})}
+        # Published counts are public figures: every message of a round has the size fixed by the public spec and
+        # d (public_bits).  Counts measured on the data (the entropy of the sent integers, the clean-A bits) are
+        # statistics of the clients' updates that the accountant does not charge: only with debug_metrics.
+        diag = {"bits_entropy": 0.0, "bits_paper": 0.0, "bits_fixed": 0.0} if self.debug_metrics else {}
         payload_total, carried = 0, 0
         sampled = set(p["sampled"])
         for m in valid:
@@ -581,11 +583,11 @@ class GauLRQ(FedAvg):
                 raise DecodeError(f"decoded update of partition {pid} has shape {hat.shape}, expected ({d},)")
             total += hat
             payload_total += payload_bytes(arrays.values())
-            carried += message_bytes(m)
-            for key in bits:  # the message's bit counts (meta); bits_paper / bits_fixed only in debug (clean A)
-                src_rec = meta if f"gau-lrq.{key}" in meta else (next(iter(m.content.metric_records.values()), None)
-                                                                  if self.debug_metrics else None) or {}
-                bits[key] += float(src_rec.get(f"gau-lrq.{key}", 0.0))
+            carried += message_bytes(arrays, m.content[META_KEY])  # the Gau-LRQ records only
+            if diag:  # the mod's debug statistics (make_gau_lrq_mod(debug_metrics=True)), uncharged
+                mrec = next(iter(m.content.metric_records.values()), None) or {}
+                for key in diag:
+                    diag[key] += float(mrec.get(f"gau-lrq.{key}", 0.0))
             if self.keep_decoded:
                 self.decoded.setdefault(p["k"], {})[pid] = hat
         if self.keep_decoded:
@@ -612,8 +614,9 @@ class GauLRQ(FedAvg):
                "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
                "received": len(seen), "dropped": dropped, "failed": len(failed), "d": d,
                **({"failed_nodes": failed} if self.debug_metrics else {}),
-               "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"], **bits,
-               "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(seen)),
+               "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"],
+               "bits_algorithmic": public_bits(p["spec"], d) * len(seen), "bits_per_coord": public_bits(p["spec"], d) / d,
+               **({"debug_uncharged": diag} if diag else {}),
                **self._eps_fields(p["eps"]), "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
                if self.schedule is not None else float("inf"),
                "train_metrics": None if metrics is None else dict(metrics)}
@@ -823,8 +826,11 @@ class GauLRQ(FedAvg):
 
         Besides the per-round records (``rounds``), the most used series are given flat:
         ``accuracy_per_round`` (server-side evaluation, index 0 = before training, None where
-        not evaluated), ``bits_per_round`` (algorithmic uplink bits of all clients of a round),
-        ``bytes_per_round`` (uplink bytes Flower carried), ``eps_rigorous_per_round``.  BQ-SGD, whose
+        not evaluated), ``bits_per_round`` (uplink bits of all clients of a round: the public message size of the
+        round's spec times the clients that replied), ``bytes_per_round`` (uplink bytes Flower carried for the
+        Gau-LRQ records, payload and metadata, whose size is fixed by public values; the user's own metric records
+        are not counted), ``eps_rigorous_per_round``.  Data-dependent counts (the entropy of the sent integers, the
+        paper's bits from the clean max) appear only with ``debug_metrics``, under ``rounds[].debug_uncharged``.  BQ-SGD, whose
         noise has no DP proof: ``eps_rigorous`` None (per round too), ``eps_heuristic``,
         ``eps_heuristic_per_round`` and ``privacy_note``.
         """
@@ -880,14 +886,15 @@ class GauLRQ(FedAvg):
             self.recorder.write(self.results())
 
 
-def message_bytes(msg: Message) -> int:
-    """Bytes of ``msg`` as Flower serializes it for transport: all its deflated objects (metadata, records, arrays).
+def message_bytes(*objects) -> int:
+    """Bytes of a message (or of records) as Flower serializes it for transport: all its deflated objects
+    (metadata, records, arrays).
 
     Walks the public ``children`` / ``deflate()`` of Flower's message objects; each object is counted once
     (by ``object_id``), as Flower ships it once.
     """
     seen: dict[str, int] = {}
-    todo = [msg]
+    todo = list(objects)
     while todo:
         obj = todo.pop()
         if obj.object_id in seen:
