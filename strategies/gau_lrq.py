@@ -382,18 +382,37 @@ class GauLRQ(FedAvg):
     def privacy_spent(self):
         """The privacy spent so far, as Flower's DP strategies answer it (a ``PrivacySpent``).
 
-        With ``accountant``: Flower's accountant's answer (RDP of the events GauLRQ composed, at its
-        ``target_delta``).  Without: GauLRQ's own rigorous client-level eps at ``delta`` (``accounting_method``
-        says which bound); for BQ-SGD the variance-matched heuristic (no DP proof); None for ``method="none"``.
+        Always GauLRQ's own client-level eps at ``delta``: the rigorous bound the run calibrates to and stops on
+        (``accounting_method`` says which bound; for BQ-SGD the variance-matched heuristic, no DP proof).  With
+        ``accountant``, ``accounting_method`` also names Flower's own figure for the same releases
+        (``eps_flower``, its RDP bound, never below this one).  None for ``method="none"``.
         """
-        if self.accountant is not None:
-            return self.accountant.get_privacy_spent()
         if not self.private:
             return None
         eps = self.schedule.eps_after(len(self.rounds), self.delta) if self.schedule is not None else 0.0
         how = ("heuristic: variance-matched Gaussian, no DP proof" if self.heuristic_note is not None else
                "flower-dp: min(PLD, RDP) of B-of-N sampling, replace-one client")
+        if self.accountant is not None:
+            now = self.accountant.get_privacy_spent()
+            how += (f"; Flower's accountant ({now.accounting_method}) for the same releases: eps_flower = "
+                    f"{now.epsilon:.6g} at delta = {now.delta:g}")
         return fp.spent(eps, self.delta, len(self.rounds), how)
+
+    def _check_flower_budget(self, server_round: int, k: int) -> None:
+        """A Flower budget (the accountant's ``max_epsilon``) is checked against the eps GauLRQ calibrates to and
+        reports (at the accountant's ``target_delta``), the same number ``privacy_spent()`` answers; Flower's own
+        RDP figure, which may be looser, is composed and reported beside it as ``eps_flower``."""
+        cfg = None if self.accountant is None else self.accountant.config
+        if cfg is None or cfg.max_epsilon is None or self.schedule is None:
+            return
+        eps_after = self.schedule.eps_after(k + 1, cfg.target_delta)
+        if eps_after > cfg.max_epsilon * (1 + 1e-9):
+            raise fp.BudgetExhausted(
+                f"round {server_round}: it would bring the client-level eps (flower-dp's rigorous accounting) to "
+                f"{eps_after:.4g}, above Flower's PrivacyConfig max_epsilon = {cfg.max_epsilon} at delta = "
+                f"{cfg.target_delta}; the run stops here with its results saved (raise max_epsilon or the noise "
+                "multiplier to train longer)", step=k, epsilon_spent=self.schedule.eps_after(k, cfg.target_delta),
+                epsilon_limit=cfg.max_epsilon)
 
     def _flower_event(self, k: int):
         """Flower's event of round k: B of N, noise z_k S2 on the sum, replace-one (multiplier z_k / 2)."""
@@ -433,7 +452,7 @@ class GauLRQ(FedAvg):
                 "(raise epsilon or the noise multiplier to train longer)",
                 step=k, epsilon_spent=self.schedule.eps_after(k, self.delta), epsilon_limit=self.epsilon)
         event = self._flower_event(k) if self.accountant is not None else None
-        fp.check_budget(self.accountant, event, where=f"GauLRQ round {server_round}")
+        self._check_flower_budget(server_round, k)
         node_ids = self._wait_for_nodes(grid)
         self._probe(grid, node_ids)
         sampled = self._sample(k, node_ids)

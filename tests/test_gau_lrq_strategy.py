@@ -195,13 +195,16 @@ def test_codecs_error_law(method):
 
 
 def test_lrq_bits_and_packing():
-    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32 (spec §12); packing is lossless."""
+    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32 (spec §12); the sent width is public; lossless."""
     u = np.linspace(-0.05, 0.05, 1000)
     spec = RoundSpec("lrq", 0, 0.01, 10.0)
     _, meta, st = encode_update(u, spec, lrq_key(SECRET, 0, 0))
     levels = 2 * math.ceil(0.05 / (2 * 0.01 * math.sqrt(2 * math.log(2)))) + 1
     assert st["bits_fixed"] == 1000 * math.ceil(math.log2(levels)) + 32
-    assert meta["width"] <= math.ceil(math.log2(levels)) and st["bits_entropy"] <= 1000 * meta["width"]
+    # the sent width is public: from the clip S2 = 10 (>= max|Dt|), not from this update's max 0.05
+    public = math.ceil(math.log2(2 * math.ceil(10.0 / (2 * 0.01 * math.sqrt(2 * math.log(2)))) + 1))
+    assert meta["width"] == public and st["bits_algorithmic"] == 1000 * public
+    assert st["bits_entropy"] <= 1000 * math.ceil(math.log2(levels))
     m = np.random.default_rng(0).integers(-300, 300, size=777).astype(np.int16)
     packed, lo, width = pack_ints(m)
     np.testing.assert_array_equal(unpack_ints(packed, lo, width, m.size, "int16"), m)
