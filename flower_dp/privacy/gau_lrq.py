@@ -105,8 +105,13 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
         # The fixed-size pair at z is the Poisson add/remove pair at z / 2 (module docstring), so the fast schedule
         # solver for Poisson histories finds the scale; client_level_epsilon may only be lower (it also tries
         # RDP's bound for sampling without replacement), so the target still holds.
-        scale = 2.0 * calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT,
-                                         adjacency="add_remove", rel_tol=1e-3)
+        try:
+            scale = 2.0 * calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT,
+                                             adjacency="add_remove", rel_tol=1e-3)
+        except ValueError as exc:
+            raise ValueError(f"cannot calibrate the noise multiplier z (noise std on the sum over S2) to epsilon = "
+                             f"{epsilon} at delta = {delta} over K = {K} rounds with B = {B} of N = {N} clients, got "
+                             f"({exc}; that search runs on z / 2); raise epsilon, or lower K or B / N") from exc
         z = scale * shape
     eps_r = client_level_epsilon(z, delta, B=B, N=N)
     warn = ()
