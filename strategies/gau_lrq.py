@@ -454,7 +454,7 @@ class GauLRQ(FedAvg):
         event = self._flower_event(k) if self.accountant is not None else None
         self._check_flower_budget(server_round, k)
         node_ids = self._wait_for_nodes(grid)
-        self._probe(grid, node_ids)
+        self._probe(grid, node_ids, server_round)
         sampled = self._sample(k, node_ids)
         spec = self.round_spec(k)
         cfg = ConfigRecord(dict(config))
@@ -476,7 +476,7 @@ class GauLRQ(FedAvg):
         SuperNode registers at once, so a count that stays the same for 1 s is final.  On the deployment engine
         SuperNodes connect over time: GauLRQ waits up to ``node_wait_s`` for exactly N.
         """
-        simulated = type(grid).__name__ in ("InMemoryGrid", "InProcessGrid")
+        simulated = any(c.__name__ in ("InMemoryGrid", "InProcessGrid") for c in type(grid).__mro__)
         limit = self.node_wait_s
         t0 = last_change = time.monotonic()
         ids = list(grid.get_node_ids())
@@ -498,7 +498,7 @@ class GauLRQ(FedAvg):
                              "of SuperNodes (simulation: num-supernodes in the federation config)")
         return ids
 
-    def _probe(self, grid: Grid, node_ids: list[int]) -> None:
+    def _probe(self, grid: Grid, node_ids: list[int], server_round: int) -> None:
         """Confirm, before any train message carries the model, that every node runs ``gau_lrq_mod`` with this
         run's secret and its own partition id in [0, N).
 
@@ -509,7 +509,8 @@ class GauLRQ(FedAvg):
         todo = [n for n in node_ids if int(n) not in self._probed]
         if not todo:
             return
-        msgs = [Message(content=RecordDict({self.configrecord_key: ConfigRecord({PROBE_KEY: self.stream_nonce})}),
+        probe = ConfigRecord({PROBE_KEY: self.stream_nonce, "server-round": server_round})
+        msgs = [Message(content=RecordDict({self.configrecord_key: probe}),
                         message_type=MessageType.TRAIN, dst_node_id=n) for n in todo]
         replies = {int(m.metadata.src_node_id): m for m in grid.send_and_receive(messages=msgs,
                                                                               timeout=self._probe_timeout)}
