@@ -98,7 +98,11 @@ class GauLRQ(FedAvg):
     """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API; a drop-in for ``FedAvg``.
 
     Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
-    keyword arguments, and add the mod to the ClientApp.  FedAvg's arguments mean here:
+    arguments (FedAvg's ten, positional or keyword, come first in FedAvg's order; GauLRQ's own are keyword-only),
+    and add the mod to the ClientApp.  Before the first train message carries the model, GauLRQ sends every node a
+    probe that only ``gau_lrq_mod`` answers (with a keyed hash of the run secret) and stops with a ``RuntimeError``
+    naming the nodes that do not, so a ClientApp without the mod never sends its weights.  FedAvg's arguments mean
+    here:
 
     - ``fraction_train`` / ``min_train_nodes``: honoured as FedAvg would with N connected nodes: when
       ``clients_per_round`` is not given, B = ``max(int(N * fraction_train), min_train_nodes)`` (FedAvg's
@@ -106,7 +110,8 @@ class GauLRQ(FedAvg):
       replacement and keyed by the run secret (the sampling its accountant charges).  Values that contradict
       ``clients_per_round``, or a ``min_available_nodes`` above N, raise one ``ValueError`` naming the
       equivalent GauLRQ setting.
-    - ``min_available_nodes``: GauLRQ waits for exactly N SuperNodes (up to 120 s), which meets any value <= N.
+    - ``min_available_nodes``: GauLRQ needs exactly N SuperNodes, which meets any value <= N: a different count
+      raises ``ValueError`` at once in simulation, after ``node_wait_s`` on the deployment engine.
     - ``fraction_evaluate``, ``min_evaluate_nodes``, ``arrayrecord_key``, ``configrecord_key``: as in FedAvg
       (defaults included: client-side evaluation runs every round).
     - ``weighted_by_key``: used for metric aggregation; the model update is always averaged with weight 1/B
@@ -144,12 +149,19 @@ class GauLRQ(FedAvg):
         ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
     accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.41)
         Flower's accountant (e.g. ``flwr.serverapp.RdpAccountant(PrivacyConfig(...))``), as Flower's DP wrappers
-        take it: each round is checked (``would_exceed`` its ``max_epsilon`` raises Flower's
-        ``PrivacyBudgetExhausted`` from ``configure_train``) and composed after aggregation, so
-        ``privacy_spent()`` answers from it.  Accepted configurations and what each computes: the table in
-        :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).  GauLRQ's own
-        rigorous eps, never above Flower's, is reported beside it and still stops the run at ``epsilon``.
-    secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
+        take it: each round is checked against its ``max_epsilon`` (Flower's ``PrivacyBudgetExhausted`` from
+        ``configure_train``) and composed after aggregation.  The check uses GauLRQ's own rigorous eps at the
+        accountant's ``target_delta`` (the number the run calibrates to, reports and ``privacy_spent()``
+        returns), so ``max_epsilon`` and ``epsilon`` mean the same; Flower's RDP figure for the same releases,
+        never below it, is reported beside it (``eps_flower``).  Accepted configurations and what each computes:
+        the table in :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).
+    secret, secret_file : the run secret (bytes >= 16) or the path of the file holding it, shared with every
+        ClientApp's mod (see :mod:`flower_dp.clients.lrq_mod`).  A ``secret_file`` that does not exist is created
+        (32 random bytes from the OS, mode 0600, folders included) and its path logged as a WARNING: the mods must
+        read that same file (run config ``"lrq-secret-file"``).  An existing file readable or writable by group or
+        others raises ``ValueError`` (path, mode, ``chmod 600``); so does one shorter than 16 bytes.
+    node_wait_s : float, default 30: on the deployment engine, how long to wait for exactly ``num_clients``
+        SuperNodes before a ``ValueError``; in simulation a mismatch fails at once.
     server_lr : float, server step on the average (paper: 1).
     bq_bits : int, BQ-SGD's public bit width.
     layer_dtype : {"float64", "float32"}, default "float64": the LRQ layers' arithmetic (both sides).  "float32"
