@@ -10,15 +10,24 @@ message plus its public metadata.  Only :class:`flower_dp.strategies.gau_lrq.Gau
 What leaves the client (DESIGN.md "Privacy: tell the truth")
 -----------------------------------------------------------
 The encoded update, its public metadata (in ``META_KEY``: the decoding parameters, the partition id
-that keys the stream, and the message's bit counts, :data:`RELEASED_STATS`, which are functions of the
-sent message), and the user's own reply metrics, untouched.  The mod adds nothing to the user's
-MetricRecord: the clean update's norm, max-abs value, clipped flag and the bit counts derived from the
-clean A (``bits_paper``, ``bits_fixed``) stay on the client unless the mod is built with
+that keys the stream, and the message's bit count, :data:`RELEASED_STATS`, fixed by the public round spec
+and d: every message of a round has the same size), and the user's own reply metrics, untouched.  The mod
+adds nothing to the user's MetricRecord: the clean update's norm, max-abs value, clipped flag, the entropy
+of the sent integers and the bit counts derived from the clean A (``bits_paper``, ``bits_fixed``) stay on
+the client unless the mod is built with
 ``debug_metrics=True`` (then they go into the MetricRecord as ``gau-lrq.*``, uncharged).  For
 ``method="none"`` (no privacy claim, the update is sent in the clear) every statistic is a function of
 the message and goes into the metadata.  A non-finite local update (diverged training, a data-dependent
 event) is replaced by a zero update, logged on the client, instead of an error reply the server would
 count (``method="none"`` keeps the error).
+
+GauLRQ's probe
+--------------
+Before it sends the model, :class:`~flower_dp.strategies.gau_lrq.GauLRQ` sends each node a train message
+holding only a ConfigRecord with :data:`PROBE_KEY`.  The mod answers it itself (the user's train function
+never sees it) with the partition id and :func:`probe_tag`, a keyed hash showing that this client holds the
+server's run secret; an error reply if it cannot read the secret.  A ClientApp without the mod passes the
+probe to the user's train function, which finds no model in it: the server stops before any weights leave.
 
 Shared secret and trust model (§2.3-2.4)
 ---------------------------------------
@@ -28,7 +37,9 @@ server share a run secret ``S`` (>= 16 bytes); client ``i``'s stream for round `
 and ``nonce`` a public per-run value chosen by the server (two runs sharing S never reuse a stream).  The
 secret is read from, in this order: the ``secret_file`` given to :func:`make_gau_lrq_mod`, the
 run config key ``"lrq-secret-file"``, the environment variable ``FLOWER_DP_LRQ_SECRET_FILE``.
-Only the *path* ever appears in configs; the file content is never logged, sent or saved.
+Only the *path* ever appears in configs; the file content is never logged, sent or saved.  The file must
+exist (the server's GauLRQ creates it when missing) and be readable by its owner only: a file that group or
+others may read or write is refused (the reason names the path, its mode and ``chmod 600``).
 Anyone holding ``S`` and a message ``m`` learns the clipped update exactly, so the uplink must be
 confidential (TLS) and ``S`` must stay between the server and the clients.  In this simulation
 set-up every client can derive every other client's key; in a deployment provision one
@@ -42,7 +53,7 @@ from logging import WARNING
 from collections.abc import Callable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
@@ -53,11 +64,14 @@ from flower_dp.mechanisms.gau_lrq_codec import (  # the wire format lives in the
     META_KEY,
     PARTITION_META,
     PAYLOAD_KEY,
+    PROBE_KEY,
+    PROBE_TAG_META,
     RELEASED_STATS,
     SECRET_ENV,
     SECRET_RUN_CONFIG,
     encode_update,
     load_secret,
+    probe_tag,
     run_key,
     spec_from_config,
 )
@@ -83,6 +97,9 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
     def mod(msg: Message, ctx: Context, call_next) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
             return call_next(msg, ctx)
+        if (len(msg.content.array_records) == 0 and len(msg.content.config_records) == 1
+                and PROBE_KEY in next(iter(msg.content.config_records.values()))):
+            return _answer_probe(msg, ctx, secret, secret_file)
         if len(msg.content.array_records) != 1 or len(msg.content.config_records) != 1:
             return _err(msg, f"expects exactly one ArrayRecord and one ConfigRecord in the train message, got "
                         f"{len(msg.content.array_records)} and {len(msg.content.config_records)}; use the GauLRQ "
@@ -150,6 +167,22 @@ def make_gau_lrq_mod(secret_file: str | os.PathLike | None = None, *, secret: by
 
     mod.__name__ = _MOD
     return mod
+
+
+def _answer_probe(msg: Message, ctx: Context, secret: bytes | None, secret_file) -> Message:
+    """GauLRQ's probe, answered here and never passed to the user's train function: the partition id and a keyed
+    hash proving this client holds the run secret (an error reply naming the problem otherwise)."""
+    if "partition-id" not in ctx.node_config:
+        return _err(msg, f"requires node_config['partition-id'] (keys the client's stream), got keys "
+                    f"{sorted(ctx.node_config)}; set it in the SuperNode's --node-config")
+    pid = int(ctx.node_config["partition-id"])
+    try:
+        rk = run_key(load_secret(secret, secret_file, ctx),
+                     str(next(iter(msg.content.config_records.values()))[PROBE_KEY]))
+    except (ValueError, TypeError, OSError) as exc:
+        return _err(msg, f"cannot set up the encoder: {exc}")
+    meta = ConfigRecord({PARTITION_META: pid, PROBE_TAG_META: probe_tag(rk, pid)})
+    return Message(content=RecordDict({META_KEY: meta}), reply_to=msg)
 
 
 #: The mod reading the secret from the run config / environment (see module docstring).

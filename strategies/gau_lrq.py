@@ -65,7 +65,9 @@ from flower_dp.recorder import RunRecorder
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.rng import noise_record
 from flower_dp.mechanisms.gau_lrq_codec import (KEYS, META_KEY, METHODS, PAPER_NAMES, PARTITION_META, PAYLOAD_KEY,
-                                                RoundSpec, decode_update, load_secret, payload_bytes, run_key)
+                                                PROBE_KEY, PROBE_TAG_META, SECRET_RUN_CONFIG, RoundSpec, create_secret_file,
+                                                decode_update, load_secret, payload_bytes, probe_tag, public_bits,
+                                                run_key)
 
 from . import flower_privacy as fp
 
@@ -83,6 +85,9 @@ FLOAT32_LAYER_NOTE = ("heuristic, not proven: layer_dtype='float32' draws the LR
                       "decoded error is cut near 5.77 sigma and is not exactly Gaussian; use layer_dtype='float64' "
                       "(the default) for a proven eps")
 
+#: :meth:`GauLRQ.check_learning` warns when the noise norm on the averaged update exceeds this many clip norms
+NOISE_TO_CLIP_LIMIT = 10.0
+
 #: ``results()["noise"]["note"]`` of a run keyed by a secret (the default)
 GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise are keyed by a run secret that only the "
                        "server and the clients hold (trusted server) and a fresh random nonce per run; the seed keys "
@@ -93,7 +98,11 @@ class GauLRQ(FedAvg):
     """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API; a drop-in for ``FedAvg``.
 
     Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
-    keyword arguments, and add the mod to the ClientApp.  FedAvg's arguments mean here:
+    arguments (FedAvg's ten, positional or keyword, come first in FedAvg's order; GauLRQ's own are keyword-only),
+    and add the mod to the ClientApp.  Before the first train message carries the model, GauLRQ sends every node a
+    probe that only ``gau_lrq_mod`` answers (with a keyed hash of the run secret) and stops with a ``RuntimeError``
+    naming the nodes that do not, so a ClientApp without the mod never sends its weights.  FedAvg's arguments mean
+    here:
 
     - ``fraction_train`` / ``min_train_nodes``: honoured as FedAvg would with N connected nodes: when
       ``clients_per_round`` is not given, B = ``max(int(N * fraction_train), min_train_nodes)`` (FedAvg's
@@ -101,7 +110,8 @@ class GauLRQ(FedAvg):
       replacement and keyed by the run secret (the sampling its accountant charges).  Values that contradict
       ``clients_per_round``, or a ``min_available_nodes`` above N, raise one ``ValueError`` naming the
       equivalent GauLRQ setting.
-    - ``min_available_nodes``: GauLRQ waits for exactly N SuperNodes (up to 120 s), which meets any value <= N.
+    - ``min_available_nodes``: GauLRQ needs exactly N SuperNodes, which meets any value <= N: a different count
+      raises ``ValueError`` at once in simulation, after ``node_wait_s`` on the deployment engine.
     - ``fraction_evaluate``, ``min_evaluate_nodes``, ``arrayrecord_key``, ``configrecord_key``: as in FedAvg
       (defaults included: client-side evaluation runs every round).
     - ``weighted_by_key``: used for metric aggregation; the model update is always averaged with weight 1/B
@@ -139,12 +149,19 @@ class GauLRQ(FedAvg):
         ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
     accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.41)
         Flower's accountant (e.g. ``flwr.serverapp.RdpAccountant(PrivacyConfig(...))``), as Flower's DP wrappers
-        take it: each round is checked (``would_exceed`` its ``max_epsilon`` raises Flower's
-        ``PrivacyBudgetExhausted`` from ``configure_train``) and composed after aggregation, so
-        ``privacy_spent()`` answers from it.  Accepted configurations and what each computes: the table in
-        :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).  GauLRQ's own
-        rigorous eps, never above Flower's, is reported beside it and still stops the run at ``epsilon``.
-    secret, secret_file : the run secret or the file holding it (see :mod:`flower_dp.clients.lrq_mod`).
+        take it: each round is checked against its ``max_epsilon`` (Flower's ``PrivacyBudgetExhausted`` from
+        ``configure_train``) and composed after aggregation.  The check uses GauLRQ's own rigorous eps at the
+        accountant's ``target_delta`` (the number the run calibrates to, reports and ``privacy_spent()``
+        returns), so ``max_epsilon`` and ``epsilon`` mean the same; Flower's RDP figure for the same releases,
+        never below it, is reported beside it (``eps_flower``).  Accepted configurations and what each computes:
+        the table in :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).
+    secret, secret_file : the run secret (bytes >= 16) or the path of the file holding it, shared with every
+        ClientApp's mod (see :mod:`flower_dp.clients.lrq_mod`).  A ``secret_file`` that does not exist is created
+        (32 random bytes from the OS, mode 0600, folders included) and its path logged as a WARNING: the mods must
+        read that same file (run config ``"lrq-secret-file"``).  An existing file readable or writable by group or
+        others raises ``ValueError`` (path, mode, ``chmod 600``); so does one shorter than 16 bytes.
+    node_wait_s : float, default 30: on the deployment engine, how long to wait for exactly ``num_clients``
+        SuperNodes before a ``ValueError``; in simulation a mismatch fails at once.
     server_lr : float, server step on the average (paper: 1).
     bq_bits : int, BQ-SGD's public bit width.
     layer_dtype : {"float64", "float32"}, default "float64": the LRQ layers' arithmetic (both sides).  "float32"
@@ -178,7 +195,13 @@ class GauLRQ(FedAvg):
     ``eps_paper`` (the paper's closed form, not a bound) and, with ``accountant``, ``eps_flower``.
     """
 
-    def __init__(self, *, num_clients: int | None = None, clients_per_round: int | None = None,
+    def __init__(self, fraction_train: float | None = None, fraction_evaluate: float = 1.0,
+                 min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
+                 min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
+                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
+                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
+                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None, *,
+                 num_clients: int | None = None, clients_per_round: int | None = None,
                  clip: float | None = None, num_rounds: int | None = None, epsilon: float | None = None,
                  delta: float | None = None, method: str = "lrq", tau: float = 1.0,
                  noise_multiplier: float | None = None, calibration: str = "rigorous", accountant=None,
@@ -186,12 +209,7 @@ class GauLRQ(FedAvg):
                  layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
                  stream_nonce: str | None = None, resume: bool = False, run_info: dict | None = None,
                  debug_metrics: bool = False, reproducible: bool = False, max_failed_rounds: int = 3,
-                 fraction_train: float | None = None, fraction_evaluate: float = 1.0,
-                 min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
-                 min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
-                 arrayrecord_key: str = "arrays", configrecord_key: str = "config",
-                 train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-                 evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None) -> None:
+                 node_wait_s: float = 30.0) -> None:
         self.method = check_choice("method", method, METHODS)
         self.private = method != "none"
         self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
@@ -236,7 +254,15 @@ class GauLRQ(FedAvg):
             raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
         self.run_info = dict(run_info or {})
         self._nonce_given = stream_nonce is not None
+        if secret is None and secret_file is not None:
+            path, created = create_secret_file(secret_file)
+            if created:
+                log(WARNING, "GauLRQ: created the run secret file %s (32 random bytes, mode 0600); every ClientApp's "
+                    "gau_lrq_mod must read this same file (run config '%s')", path, SECRET_RUN_CONFIG)
         self._secret = load_secret(secret, secret_file)  # never logged or saved
+        self.node_wait_s = check_positive("node_wait_s", node_wait_s)
+        self._probed: set[int] = set()
+        self._probe_timeout = 3600.0  # start() sets its round timeout
         self.secret_file = None if secret_file is None else str(secret_file)
         # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
         self.stream_nonce = os.urandom(8).hex() if stream_nonce is None else str(stream_nonce)
@@ -313,6 +339,31 @@ class GauLRQ(FedAvg):
             for w in self.schedule.warnings:
                 log(WARNING, "GauLRQ: %s", w)
 
+    def check_learning(self, d: int) -> dict | None:
+        """Compare the noise on the averaged update with the clip norm for a model of ``d`` parameters.
+
+        The average of B clipped updates has L2 norm <= S2; round k adds noise of per-coordinate std
+        ``z_k S2 / B``, so its norm is about ``z_k S2 sqrt(d) / B``.  When that is more than
+        :data:`NOISE_TO_CLIP_LIMIT` times S2 for the smallest z_k, the update is drowned in noise and the model
+        will most likely not learn: a ``WARNING`` gives the numbers and what would help.  Returns the numbers
+        (``noise_norm``, ``clip``, ``ratio``, ``d``, ``B``), or None without a noise schedule.
+        """
+        if self.schedule is None or d <= 0:
+            return None
+        z = float(np.min(self.schedule.z))
+        noise_norm = z * self.clip * math.sqrt(d) / self.B
+        out = {"noise_norm": noise_norm, "clip": self.clip, "ratio": noise_norm / self.clip, "d": int(d), "B": self.B,
+               "z": z}
+        if out["ratio"] > NOISE_TO_CLIP_LIMIT:
+            need_b = math.ceil(z * math.sqrt(d) / NOISE_TO_CLIP_LIMIT)
+            log(WARNING, "GauLRQ: learning is implausible at these settings: the noise on the averaged update has norm "
+                "%.3g (z = %.3g, S2 = %g, d = %d parameters, B = %d clients per round: z S2 sqrt(d) / B), %.0fx "
+                "the clip norm S2 = %g that bounds the averaged update itself (warning above %gx). Client-level DP "
+                "needs many clients per round: B >= %d at this z and model size; or a larger epsilon (smaller z), "
+                "fewer rounds, or a smaller model (the ratio grows with sqrt(d))", noise_norm, z, self.clip, d, self.B,
+                out["ratio"], self.clip, NOISE_TO_CLIP_LIMIT, need_b)
+        return out
+
     # ------------------------------------------------------------------ schedule
     @property
     def z(self) -> np.ndarray | None:
@@ -343,18 +394,37 @@ class GauLRQ(FedAvg):
     def privacy_spent(self):
         """The privacy spent so far, as Flower's DP strategies answer it (a ``PrivacySpent``).
 
-        With ``accountant``: Flower's accountant's answer (RDP of the events GauLRQ composed, at its
-        ``target_delta``).  Without: GauLRQ's own rigorous client-level eps at ``delta`` (``accounting_method``
-        says which bound); for BQ-SGD the variance-matched heuristic (no DP proof); None for ``method="none"``.
+        Always GauLRQ's own client-level eps at ``delta``: the rigorous bound the run calibrates to and stops on
+        (``accounting_method`` says which bound; for BQ-SGD the variance-matched heuristic, no DP proof).  With
+        ``accountant``, ``accounting_method`` also names Flower's own figure for the same releases
+        (``eps_flower``, its RDP bound, never below this one).  None for ``method="none"``.
         """
-        if self.accountant is not None:
-            return self.accountant.get_privacy_spent()
         if not self.private:
             return None
         eps = self.schedule.eps_after(len(self.rounds), self.delta) if self.schedule is not None else 0.0
         how = ("heuristic: variance-matched Gaussian, no DP proof" if self.heuristic_note is not None else
                "flower-dp: min(PLD, RDP) of B-of-N sampling, replace-one client")
+        if self.accountant is not None:
+            now = self.accountant.get_privacy_spent()
+            how += (f"; Flower's accountant ({now.accounting_method}) for the same releases: eps_flower = "
+                    f"{now.epsilon:.6g} at delta = {now.delta:g}")
         return fp.spent(eps, self.delta, len(self.rounds), how)
+
+    def _check_flower_budget(self, server_round: int, k: int) -> None:
+        """A Flower budget (the accountant's ``max_epsilon``) is checked against the eps GauLRQ calibrates to and
+        reports (at the accountant's ``target_delta``), the same number ``privacy_spent()`` answers; Flower's own
+        RDP figure, which may be looser, is composed and reported beside it as ``eps_flower``."""
+        cfg = None if self.accountant is None else self.accountant.config
+        if cfg is None or cfg.max_epsilon is None or self.schedule is None:
+            return
+        eps_after = self.schedule.eps_after(k + 1, cfg.target_delta)
+        if eps_after > cfg.max_epsilon * (1 + 1e-9):
+            raise fp.BudgetExhausted(
+                f"round {server_round}: it would bring the client-level eps (flower-dp's rigorous accounting) to "
+                f"{eps_after:.4g}, above Flower's PrivacyConfig max_epsilon = {cfg.max_epsilon} at delta = "
+                f"{cfg.target_delta}; the run stops here with its results saved (raise max_epsilon or the noise "
+                "multiplier to train longer)", step=k, epsilon_spent=self.schedule.eps_after(k, cfg.target_delta),
+                epsilon_limit=cfg.max_epsilon)
 
     def _flower_event(self, k: int):
         """Flower's event of round k: B of N, noise z_k S2 on the sum, replace-one (multiplier z_k / 2)."""
@@ -394,8 +464,9 @@ class GauLRQ(FedAvg):
                 "(raise epsilon or the noise multiplier to train longer)",
                 step=k, epsilon_spent=self.schedule.eps_after(k, self.delta), epsilon_limit=self.epsilon)
         event = self._flower_event(k) if self.accountant is not None else None
-        fp.check_budget(self.accountant, event, where=f"GauLRQ round {server_round}")
+        self._check_flower_budget(server_round, k)
         node_ids = self._wait_for_nodes(grid)
+        self._probe(grid, node_ids, server_round)
         sampled = self._sample(k, node_ids)
         spec = self.round_spec(k)
         cfg = ConfigRecord(dict(config))
@@ -409,14 +480,78 @@ class GauLRQ(FedAvg):
         self._pending["downlink"] = sum(message_bytes(m) for m in msgs)
         return msgs
 
-    def _wait_for_nodes(self, grid: Grid, timeout_s: float = 120.0) -> list[int]:
-        t0 = time.time()
-        while len(ids := list(grid.get_node_ids())) < self.N and time.time() - t0 < timeout_s:
-            time.sleep(0.5)
+    def _wait_for_nodes(self, grid: Grid) -> list[int]:
+        """The N node ids; raises ``ValueError`` at once on a size mismatch in simulation, after ``node_wait_s``
+        on the deployment engine.
+
+        In simulation (Flower's ``InMemoryGrid``, :class:`~flower_dp.experiments.gau_lrq.InProcessGrid`) every
+        SuperNode registers at once, so a count that stays the same for 1 s is final.  On the deployment engine
+        SuperNodes connect over time: GauLRQ waits up to ``node_wait_s`` for exactly N.
+        """
+        simulated = any(c.__name__ in ("InMemoryGrid", "InProcessGrid") for c in type(grid).__mro__)
+        limit = self.node_wait_s
+        t0 = last_change = time.monotonic()
+        ids = list(grid.get_node_ids())
+        if len(ids) != self.N and not simulated:
+            log(INFO, "GauLRQ: %d of num_clients = %d SuperNodes connected; waiting up to node_wait_s = %g s",
+                len(ids), self.N, limit)
+        while len(ids) != self.N and time.monotonic() - t0 < limit:
+            if simulated and ids and time.monotonic() - last_change >= 1.0:
+                break  # the simulation registered its SuperNodes: the count is final
+            time.sleep(0.2)
+            now = list(grid.get_node_ids())
+            if len(now) != len(ids):
+                last_change = time.monotonic()
+            ids = now
         if len(ids) != self.N:
             raise ValueError(f"GauLRQ was configured for num_clients N = {self.N} (the accountant's q = B/N), got "
-                             f"{len(ids)} connected SuperNodes; set num_clients to the number of SuperNodes")
+                             f"{len(ids)} connected SuperNodes after {time.monotonic() - t0:.1f} s"
+                             f"{'' if simulated else f' (node_wait_s = {limit:g})'}; set num_clients to the number "
+                             "of SuperNodes (simulation: num-supernodes in the federation config)")
         return ids
+
+    def _probe(self, grid: Grid, node_ids: list[int], server_round: int) -> None:
+        """Confirm, before any train message carries the model, that every node runs ``gau_lrq_mod`` with this
+        run's secret and its own partition id in [0, N).
+
+        The probe is a train message holding only a ConfigRecord (no model); the mod answers it itself.  A
+        ClientApp without the mod passes it to the user's train function, which finds no model in it: its
+        reply (usually an error) is discarded unread and the run stops with a ``RuntimeError`` naming the nodes.
+        """
+        todo = [n for n in node_ids if int(n) not in self._probed]
+        if not todo:
+            return
+        probe = ConfigRecord({PROBE_KEY: self.stream_nonce, "server-round": server_round})
+        msgs = [Message(content=RecordDict({self.configrecord_key: probe}),
+                        message_type=MessageType.TRAIN, dst_node_id=n) for n in todo]
+        replies = {int(m.metadata.src_node_id): m for m in grid.send_and_receive(messages=msgs,
+                                                                              timeout=self._probe_timeout)}
+        problems, pids = [], {}
+        for n in todo:
+            m = replies.get(int(n))
+            if m is None:
+                problems.append(f"node {n}: no reply within {self._probe_timeout:g} s")
+                continue
+            if m.has_error():
+                problems.append(f"node {n}: error reply: {m.error.reason}")
+                continue
+            meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
+            if PROBE_TAG_META not in meta or PARTITION_META not in meta:
+                problems.append(f"node {n}: replied without gau_lrq_mod's answer (records {list(m.content.keys())})")
+                continue
+            pid = int(meta[PARTITION_META])
+            if not 0 <= pid < self.N or pid in pids:
+                problems.append(f"node {n}: partition-id {pid}, got it twice or outside [0, {self.N})")
+            elif meta[PROBE_TAG_META] != probe_tag(self._run_key, pid):
+                problems.append(f"node {n} (partition {pid}): holds another run secret than the server")
+            pids[pid] = n
+        if problems:
+            raise RuntimeError(
+                f"GauLRQ: {len(problems)} of {len(todo)} ClientApps cannot take part (checked before any model was "
+                f"sent): {'; '.join(problems[:5])}{' ...' if len(problems) > 5 else ''}. Every ClientApp needs "
+                "ClientApp(mods=[gau_lrq_mod]) and the server's run secret file (run config 'lrq-secret-file'); "
+                "without the mod a client would send its weights in the clear")
+        self._probed.update(int(n) for n in todo)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]
                         ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -450,9 +585,10 @@ class GauLRQ(FedAvg):
         d = int(sum(t.size for t in p["theta"]))
         total = np.zeros(d, dtype=np.float64)
         seen: dict[int, int] = {}
-        # bits of the sent messages; the clean-A counts (bits_paper, bits_fixed) only with debug_metrics
-        bits = {"bits_algorithmic": 0.0, "bits_entropy": 0.0,
-                **({"bits_paper": 0.0, "bits_fixed": 0.0} if self.debug_metrics else {})}
+        # Published counts are public figures: every message of a round has the size fixed by the public spec and
+        # d (public_bits).  Counts measured on the data (the entropy of the sent integers, the clean-A bits) are
+        # statistics of the clients' updates that the accountant does not charge: only with debug_metrics.
+        diag = {"bits_entropy": 0.0, "bits_paper": 0.0, "bits_fixed": 0.0} if self.debug_metrics else {}
         payload_total, carried = 0, 0
         sampled = set(p["sampled"])
         for m in valid:
@@ -479,11 +615,11 @@ class GauLRQ(FedAvg):
                 raise DecodeError(f"decoded update of partition {pid} has shape {hat.shape}, expected ({d},)")
             total += hat
             payload_total += payload_bytes(arrays.values())
-            carried += message_bytes(m)
-            for key in bits:  # the message's bit counts (meta); bits_paper / bits_fixed only in debug (clean A)
-                src_rec = meta if f"gau-lrq.{key}" in meta else (next(iter(m.content.metric_records.values()), None)
-                                                                  if self.debug_metrics else None) or {}
-                bits[key] += float(src_rec.get(f"gau-lrq.{key}", 0.0))
+            carried += message_bytes(arrays, m.content[META_KEY])  # the Gau-LRQ records only
+            if diag:  # the mod's debug statistics (make_gau_lrq_mod(debug_metrics=True)), uncharged
+                mrec = next(iter(m.content.metric_records.values()), None) or {}
+                for key in diag:
+                    diag[key] += float(mrec.get(f"gau-lrq.{key}", 0.0))
             if self.keep_decoded:
                 self.decoded.setdefault(p["k"], {})[pid] = hat
         if self.keep_decoded:
@@ -510,8 +646,9 @@ class GauLRQ(FedAvg):
                "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
                "received": len(seen), "dropped": dropped, "failed": len(failed), "d": d,
                **({"failed_nodes": failed} if self.debug_metrics else {}),
-               "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"], **bits,
-               "bits_per_coord": bits["bits_algorithmic"] / max(1, d * len(seen)),
+               "bytes_payload": payload_total, "bytes_carried": carried, "bytes_downlink": p["downlink"],
+               "bits_algorithmic": public_bits(p["spec"], d) * len(seen), "bits_per_coord": public_bits(p["spec"], d) / d,
+               **({"debug_uncharged": diag} if diag else {}),
                **self._eps_fields(p["eps"]), "eps_paper": self.schedule.eps_paper_after(p["k"] + 1, self.delta)
                if self.schedule is not None else float("inf"),
                "train_metrics": None if metrics is None else dict(metrics)}
@@ -569,6 +706,12 @@ class GauLRQ(FedAvg):
         _log_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
         self.summary()
         log(INFO, "")
+        self._probe_timeout = float(timeout)
+        self.check_learning(sum(int(np.prod(a.shape)) for a in initial_arrays.values()))
+        if not self.publish_train_metrics:
+            log(WARNING, "GauLRQ: the clients' train metrics (e.g. train_loss) are not published: they are statistics "
+                "of the clients' private data that eps does not cover; pass train_metrics_aggr_fn (or "
+                "debug_metrics=True) to publish them, uncharged")
         if self.fraction_evaluate > 0 and not self.publish_evaluate_metrics:
             log(WARNING, "GauLRQ: client-side evaluation runs (fraction_evaluate=%s) but its aggregated metrics are "
                 "not published: they are statistics of the clients' private data that eps does not cover; pass "
@@ -715,8 +858,11 @@ class GauLRQ(FedAvg):
 
         Besides the per-round records (``rounds``), the most used series are given flat:
         ``accuracy_per_round`` (server-side evaluation, index 0 = before training, None where
-        not evaluated), ``bits_per_round`` (algorithmic uplink bits of all clients of a round),
-        ``bytes_per_round`` (uplink bytes Flower carried), ``eps_rigorous_per_round``.  BQ-SGD, whose
+        not evaluated), ``bits_per_round`` (uplink bits of all clients of a round: the public message size of the
+        round's spec times the clients that replied), ``bytes_per_round`` (uplink bytes Flower carried for the
+        Gau-LRQ records, payload and metadata, whose size is fixed by public values; the user's own metric records
+        are not counted), ``eps_rigorous_per_round``.  Data-dependent counts (the entropy of the sent integers, the
+        paper's bits from the clean max) appear only with ``debug_metrics``, under ``rounds[].debug_uncharged``.  BQ-SGD, whose
         noise has no DP proof: ``eps_rigorous`` None (per round too), ``eps_heuristic``,
         ``eps_heuristic_per_round`` and ``privacy_note``.
         """
@@ -772,14 +918,15 @@ class GauLRQ(FedAvg):
             self.recorder.write(self.results())
 
 
-def message_bytes(msg: Message) -> int:
-    """Bytes of ``msg`` as Flower serializes it for transport: all its deflated objects (metadata, records, arrays).
+def message_bytes(*objects) -> int:
+    """Bytes of a message (or of records) as Flower serializes it for transport: all its deflated objects
+    (metadata, records, arrays).
 
     Walks the public ``children`` / ``deflate()`` of Flower's message objects; each object is counted once
     (by ``object_id``), as Flower ships it once.
     """
     seen: dict[str, int] = {}
-    todo = [msg]
+    todo = list(objects)
     while todo:
         obj = todo.pop()
         if obj.object_id in seen:

@@ -56,10 +56,10 @@ def test_gau_lrq_example_runs_to_the_end_on_the_deployment_engine(tmp_path):
         assert rec["bytes_payload"] > 0 and 0 < rec["bits_per_coord"] <= 8, rec
     node_logs = sorted((tmp_path / "flwr_home").glob("supernode*.log"))
     assert len(node_logs) == N
-    for log in node_logs:  # each SuperNode received and answered K train messages of this run
+    for log in node_logs:  # each SuperNode answered GauLRQ's probe (a train message) and K train messages
         log_text = log.read_text()
         assert f"[RUN {r['run_id']}]" in log_text, log_text[-2000:]
-        assert log_text.count("Receiving: train message") == log_text.count("Sending: train message") == K, \
+        assert log_text.count("Receiving: train message") == log_text.count("Sending: train message") == K + 1, \
             f"{log.name}:\n{log_text[-2000:]}"
 
     # eps_rigorous reported per round, increasing, equal to the accountant's value and within the budget

@@ -222,3 +222,36 @@ def test_flwr_run_gau_lrq_example_app(tmp_path):
     assert doc["final_accuracy"] is not None and doc["run"]["dataset"] == "fashion_mnist"
     secret = (tmp_path / "lrq.secret").read_bytes()
     assert secret.hex() not in res.read_text() and secret.hex() not in text   # the secret never leaks
+
+
+@pytest.mark.flower
+def test_size_mismatch_fails_fast_in_a_flower_simulation(secret_file):
+    """GauLRQ(num_clients=5) on 4 simulated SuperNodes: a ValueError naming both counts, well under 30 s."""
+    import time
+
+    import ray
+    from flwr.simulation import run_simulation
+
+    path, _ = secret_file
+    if ray.is_initialized():
+        ray.shutdown()
+    seen = {}
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        s = GauLRQ(num_clients=5, clients_per_round=2, clip=CLIP, epsilon=8.0, num_rounds=2, secret_file=path,
+                   fraction_evaluate=0.0)
+        t0 = time.monotonic()
+        try:
+            s.start(grid=grid, initial_arrays=_initial(), timeout=300)
+        except ValueError as exc:
+            seen["error"], seen["s"] = str(exc), time.monotonic() - t0
+
+    t0 = time.monotonic()
+    run_simulation(server_app=server, client_app=user_client_app(path), num_supernodes=4, backend_config=BACKEND)
+    wall = time.monotonic() - t0
+    print(f"size mismatch in simulation: failed {seen.get('s', float('nan')):.1f} s after start(), "
+          f"run_simulation took {wall:.1f} s")
+    assert "num_clients N = 5" in seen["error"] and "got 4 connected SuperNodes" in seen["error"], seen
+    assert seen["s"] < 30

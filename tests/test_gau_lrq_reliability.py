@@ -274,6 +274,7 @@ def test_client_app_builder_wraps_an_unchanged_train_function(tmp_path):
 
     path = tmp_path / "lrq.secret"
     path.write_bytes(SECRET)
+    path.chmod(0o600)
     app = make_lrq_client_app(_user_train(), secret_file=str(path))
     s = _strategy(secret=None, secret_file=str(path), keep_decoded=True)
     _start(s, app, rounds=1)

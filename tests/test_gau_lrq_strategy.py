@@ -36,11 +36,34 @@ def _task_identity():
     TaskIdentity._run_id, TaskIdentity._task_id, TaskIdentity._node_id = old
 
 
+def _ctx(node_id: int) -> Context:
+    return Context(run_id=1, node_id=node_id, node_config={"partition-id": node_id - 100}, state=RecordDict(),
+                   run_config={})
+
+
 class _Grid:
-    """Stand-in grid: node ids 100..100+N-1 (partition id = node id - 100)."""
+    """Stand-in grid: node ids 100..100+N-1 (partition id = node id - 100); ``send_and_receive`` serves GauLRQ's
+    probe through ``mod`` in front of ``train`` (the mod with the test secret by default)."""
+
+    def __init__(self, mod=None, train=None):
+        self.mod, self.train, self.sent = mod or make_gau_lrq_mod(secret=SECRET), train or _user_train(), []
 
     def get_node_ids(self):
         return list(range(100, 100 + N))
+
+    def send_and_receive(self, messages, *, timeout=None):
+        self.sent += list(messages)
+        return [_reply(self.mod, m, self.train) for m in messages]
+
+
+def _reply(mod, msg: Message, train) -> Message:
+    """What the ClientApp does: ``mod`` around ``train``; a raising ``train`` becomes an error reply."""
+    from flwr.app import Error
+
+    try:
+        return mod(msg, _ctx(msg.metadata.dst_node_id), train)
+    except Exception as exc:  # noqa: BLE001 - as Flower turns a ClientApp exception into an error reply
+        return Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=msg)
 
 
 def _user_train(num_examples: int = 10):
@@ -172,13 +195,16 @@ def test_codecs_error_law(method):
 
 
 def test_lrq_bits_and_packing():
-    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32 (spec §12); packing is lossless."""
+    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32 (spec §12); the sent width is public; lossless."""
     u = np.linspace(-0.05, 0.05, 1000)
     spec = RoundSpec("lrq", 0, 0.01, 10.0)
     _, meta, st = encode_update(u, spec, lrq_key(SECRET, 0, 0))
     levels = 2 * math.ceil(0.05 / (2 * 0.01 * math.sqrt(2 * math.log(2)))) + 1
     assert st["bits_fixed"] == 1000 * math.ceil(math.log2(levels)) + 32
-    assert meta["width"] <= math.ceil(math.log2(levels)) and st["bits_entropy"] <= 1000 * meta["width"]
+    # the sent width is public: from the clip S2 = 10 (>= max|Dt|), not from this update's max 0.05
+    public = math.ceil(math.log2(2 * math.ceil(10.0 / (2 * 0.01 * math.sqrt(2 * math.log(2)))) + 1))
+    assert meta["width"] == public and st["bits_algorithmic"] == 1000 * public
+    assert st["bits_entropy"] <= 1000 * math.ceil(math.log2(levels))
     m = np.random.default_rng(0).integers(-300, 300, size=777).astype(np.int16)
     packed, lo, width = pack_ints(m)
     np.testing.assert_array_equal(unpack_ints(packed, lo, width, m.size, "int16"), m)
@@ -267,7 +293,7 @@ def test_example_app_trains_one_round_in_process(tmp_path, monkeypatch):
           "per-class": 5, "seed": 0}
     s = make_strategy(rc, secret_file=secret_file, out_dir=str(tmp_path / "out"))
     theta = model_to_arrays(new_model())
-    msgs = list(s.configure_train(1, theta, train_config(rc), _Grid()))
+    msgs = list(s.configure_train(1, theta, train_config(rc), _Grid(mod=make_gau_lrq_mod(secret_file))))
     replies = [gau_lrq_mod(m, Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(),
                                       node_config={"partition-id": m.metadata.dst_node_id - 100},
                                       run_config={"lrq-secret-file": secret_file}), train) for m in msgs]

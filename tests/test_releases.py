@@ -374,9 +374,17 @@ def _user_train(msg: Message, ctx: Context) -> Message:
 
 
 def _train_message(strategy, rnd: int = 1):
+    from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+
     class _Grid:
         def get_node_ids(self):
             return list(range(100, 100 + strategy.N))
+
+        def send_and_receive(self, messages, timeout=None):  # GauLRQ's probe, answered by the mod
+            mod = make_gau_lrq_mod(secret=SECRET)
+            return [mod(m, Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(), run_config={},
+                                   node_config={"partition-id": m.metadata.dst_node_id - 100}), _user_train)
+                    for m in messages]
 
     return list(strategy.configure_train(rnd, ArrayRecord({"w": Array(np.zeros(300, np.float32))}), ConfigRecord(),
                                          _Grid()))

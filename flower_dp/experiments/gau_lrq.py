@@ -43,6 +43,7 @@ from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
 from flower_dp.results import ensure_writable_dir, write_json
 from flower_dp.privacy.gau_lrq import client_level_epsilon
+from flower_dp.mechanisms.gau_lrq_codec import create_secret_file
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 __all__ = ["METHODS", "SIX_METHODS", "run_gau_lrq", "run_table", "resolve_method", "InProcessGrid", "train",
@@ -184,13 +185,7 @@ def ensure_secret_file(path: str | os.PathLike) -> str:
     ``lrq-secret-file``); :func:`run_gau_lrq` writes a fresh secret per run (:func:`new_secret_file`).
     A reused secret still gives fresh streams, because every run draws a fresh random nonce.
     """
-    p = Path(os.path.expanduser(str(path)))
-    if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-    return str(p)
+    return str(create_secret_file(path)[0])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,10 @@ from flower_dp.errors import DecodeError
 from flower_dp.mechanisms import lrq
 
 __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
-           "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "KEYS", "PAYLOAD_KEY", "META_KEY",
-           "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META", "load_secret", "run_key",
+           "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "public_bits", "lrq_public_range", "KEYS",
+           "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META",
+           "PROBE_KEY", "PROBE_TAG_META", "probe_tag", "load_secret", "read_secret_file", "create_secret_file",
+           "secret_path", "run_key",
            "spec_from_config"]
 
 # ---------------------------------------------------------------------------------------------
@@ -56,10 +59,16 @@ PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
 META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
 SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
 SECRET_RUN_CONFIG = "lrq-secret-file"
-#: encode_update stats that are functions of the sent message (post-processing): sent in META_KEY as "gau-lrq.<name>"
-RELEASED_STATS = ("bits_algorithmic", "bits_entropy")
+#: encode_update stats that are functions of public values only (the round's spec and d): sent in META_KEY as
+#: "gau-lrq.<name>"
+RELEASED_STATS = ("bits_algorithmic",)
 #: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
 PARTITION_META = "gau-lrq.partition-id"
+#: ConfigRecord key of the probe: a train message carrying only a ConfigRecord with this key (value: the stream
+#: nonce) is answered by ``gau_lrq_mod`` itself, never by the user's train function, with :data:`PROBE_TAG_META`
+PROBE_KEY = "gau-lrq.probe"
+#: META_KEY entry of the probe's answer: :func:`probe_tag` of the client's run key and partition id
+PROBE_TAG_META = "gau-lrq.probe-tag"
 
 
 def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
@@ -67,7 +76,8 @@ def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | No
     """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config of ``context`` (a Flower
     Context) or the env var.
 
-    Raises ``ValueError`` naming the sources tried (never their content).
+    The file must exist and be readable by its owner only (:func:`read_secret_file`).  Raises ``ValueError``
+    naming the sources tried and the fix (never the content).
     """
     if secret is not None:
         if not isinstance(secret, bytes) or len(secret) < 16:
@@ -81,17 +91,69 @@ def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | No
         path = os.environ.get(SECRET_ENV) or None
     if path is None:
         raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
-                         f"{SECRET_ENV}; write secrets.token_bytes(32) to a file readable by server and clients "
-                         "and point one of them at it")
-    data = Path(os.path.expanduser(str(path))).read_bytes()
+                         f"{SECRET_ENV}; point one of them at the secret file the server's GauLRQ uses (GauLRQ "
+                         "creates it, mode 0600, when its secret_file does not exist yet)")
+    return read_secret_file(path)
+
+
+def secret_path(path: str | os.PathLike) -> Path:
+    """``path`` with ``~`` expanded (the form every message about a secret file names)."""
+    return Path(os.path.expanduser(str(path)))
+
+
+def read_secret_file(path: str | os.PathLike) -> bytes:
+    """The content of an existing secret file that only its owner can read.
+
+    Raises ``ValueError`` for a missing file (what it is and how to make one), a file that group or others may
+    read or write (its mode and ``chmod 600``), or one shorter than 16 bytes.
+    """
+    p = secret_path(path)
+    if not p.is_file():
+        raise ValueError(f"the LRQ run secret file {str(p)!r} does not exist, got no file there; it holds the "
+                         "secret shared by the server and the clients (>= 16 random bytes): GauLRQ(secret_file=...) "
+                         "creates it (mode 0600) when it starts, or make one with python -c \"import os, secrets; "
+                         f"fd = os.open({str(p)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
+                         "os.write(fd, secrets.token_bytes(32))\"")
+    mode = p.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"the LRQ run secret file {str(p)!r} is readable or writable by group or others, got mode "
+                         f"{mode:04o}; anyone who reads it can decode every client's update: run chmod 600 "
+                         f"{str(p)!r} (mode 0600, owner only)")
+    data = p.read_bytes()
     if len(data) < 16:
-        raise ValueError(f"the LRQ secret file {path} must hold >= 16 bytes, got {len(data)}")
+        raise ValueError(f"the LRQ run secret file {str(p)!r} must hold >= 16 bytes, got {len(data)}; write "
+                         "secrets.token_bytes(32) into it")
     return data
+
+
+def create_secret_file(path: str | os.PathLike) -> tuple[Path, bool]:
+    """Create ``path`` (and its folder) holding 32 random bytes, mode 0600, if it does not exist.
+
+    Returns (the expanded path, True if it was created now).  An existing file is left as it is (and checked
+    when read).
+    """
+    p = secret_path(path)
+    if p.exists():
+        return p, False
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another process created it meanwhile
+        return p, False
+    with os.fdopen(fd, "wb") as f:
+        f.write(secrets.token_bytes(32))
+    return p, True
 
 
 def run_key(secret: bytes, nonce: str) -> bytes:
     """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
     return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
+
+
+def probe_tag(run_key_: bytes, partition_id: int) -> str:
+    """The probe's answer: a keyed hash proving the client holds the run secret (reveals nothing about it)."""
+    return hashlib.sha256(b"flower_dp.gau_lrq.probe\x00" + run_key_ + int(partition_id).to_bytes(8, "little")
+                          ).hexdigest()[:32]
 
 
 def spec_from_config(cfg) -> "RoundSpec":
@@ -145,13 +207,21 @@ def _private_rng(key: bytes) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(int.from_bytes(hashlib.sha256(b"flower_dp.baseline\x00" + key).digest(), "little")))
 
 
-def pack_ints(m: np.ndarray) -> tuple[np.ndarray, int, int]:
-    """Bit-pack a 1-D int vector: ``(packed uint8, lo, width)`` with ``m - lo`` in ``width`` bits each."""
+def pack_ints(m: np.ndarray, lo: int | None = None, width: int | None = None) -> tuple[np.ndarray, int, int]:
+    """Bit-pack a 1-D int vector: ``(packed uint8, lo, width)`` with ``m - lo`` in ``width`` bits each.
+
+    ``lo`` and ``width`` given (public values): the packed size is ``ceil(d width / 8)`` whatever ``m`` holds;
+    ``m`` outside ``[lo, lo + 2^width)`` raises ``ValueError``.  Not given: from ``m``'s range (data-dependent).
+    """
     m = np.asarray(m)
     if m.size == 0:
-        return np.zeros(0, np.uint8), 0, 0
-    lo, hi = int(m.min()), int(m.max())
-    width = max(1, (hi - lo).bit_length())
+        return np.zeros(0, np.uint8), (0 if lo is None else int(lo)), (0 if width is None else int(width))
+    if lo is None or width is None:
+        lo, hi = int(m.min()), int(m.max())
+        width = max(1, (hi - lo).bit_length())
+    elif int(m.min()) < lo or int(m.max()) >= lo + (1 << width):
+        raise ValueError(f"values must lie in [{lo}, {lo + (1 << width) - 1}] for the public width {width}, got "
+                         f"[{int(m.min())}, {int(m.max())}]; the public bound is too small")
     u = (m.astype(np.int64) - lo).astype(np.uint64)
     planes = ((u[:, None] >> np.arange(width, dtype=np.uint64)) & np.uint64(1)).astype(np.uint8)
     return np.packbits(planes.ravel()), lo, width
@@ -166,6 +236,25 @@ def unpack_ints(packed: np.ndarray, lo: int, width: int, d: int, dtype: str) -> 
         raise DecodeError(f"packed payload too short: need {d * width} bits, got {bits.size}")
     vals = bits.reshape(d, width).astype(np.int64) @ (1 << np.arange(width, dtype=np.int64))
     return (vals + lo).astype(dtype)
+
+
+def lrq_public_range(spec: "RoundSpec") -> tuple[int, int]:
+    """(lo, width) of an LRQ message from public values only: ``|m| <= L = ceil(S2 / w_min)`` since the clipped
+    update has max|Dt| <= ||Dt||_2 <= S2 (spec §3.7 with A = S2); ``width = ceil(log2(2 L + 1))`` bits."""
+    L = math.ceil(spec.clip * (1 + 1e-9) / lrq.lrq_w_min(spec.sigma))
+    return -L, max(1, (2 * L).bit_length())
+
+
+def public_bits(spec: "RoundSpec", d: int) -> float:
+    """Uplink bits of one client's message, a function of the public round spec and the model size d only."""
+    if spec.method in ("none", "gaussian"):
+        return 32.0 * d
+    if spec.method == "lrq":
+        return float(d * lrq_public_range(spec)[1])
+    if spec.method == "qg":
+        return float(d * lrq_public_range(spec)[1] + 32)  # b as LRQ's (spec §12), + the float32 scale
+    s_lv, m_tr = bq_levels(spec.sigma, spec.clip, spec.bq_bits)
+    return float(d * math.ceil(math.log2(s_lv + m_tr)))
 
 
 def bq_levels(sigma: float, clip: float, bits: int) -> tuple[int, int]:
@@ -203,9 +292,10 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
     payload : dict[str, ndarray]   arrays to send
     meta : dict[str, int | float | str]   public metadata to send (includes the LRQ integrity tag)
     stats : dict[str, float]   metrics: norm before clipping, clipped flag, A = ||Dt||_inf, bits.
-        Only ``bits_algorithmic`` and ``bits_entropy`` are functions of the sent message (post-processing);
-        the others (and LRQ's ``bits_paper`` / ``bits_fixed``, computed from the clean A) are statistics of
-        private data that :mod:`flower_dp.clients.lrq_mod` keeps on the client unless ``debug_metrics``.
+        Only ``bits_algorithmic`` (:func:`public_bits`: every message of a round has the same size, fixed by
+        the public spec and d) is public; the others (LRQ's ``bits_entropy`` of the sent integers, and
+        ``bits_paper`` / ``bits_fixed`` from the clean A) are statistics of private data that
+        :mod:`flower_dp.clients.lrq_mod` keeps on the client unless ``debug_metrics``.
     """
     d = int(np.asarray(delta).size)
     if spec.method == "none":
@@ -217,37 +307,38 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
     A = float(np.abs(dt).max(initial=0.0))
     st = {"norm": norm, "clipped": float(norm > spec.clip), "linf": A}
     if spec.method == "lrq":
-        msg = lrq.encode(dt, spec.sigma, key, dtype=spec.layer_dtype)
-        packed, lo, width = pack_ints(msg.m)
+        msg = lrq.encode(dt, spec.sigma, key, dtype=spec.layer_dtype, bound=spec.clip * (1 + 1e-9))
+        lo, width = lrq_public_range(spec)
+        packed, lo, width = pack_ints(msg.m, lo, width)
         st.update(bits_paper=d * lrq.lrq_bits_paper(A, spec.sigma), bits_fixed=float(lrq.lrq_message_bits(d, A, spec.sigma)),
-                  bits_entropy=d * lrq.empirical_entropy(msg.m), bits_algorithmic=float(d * width + 32))
+                  bits_entropy=d * lrq.empirical_entropy(msg.m), bits_algorithmic=public_bits(spec, d))
         meta = {"d": d, "sigma": msg.sigma, "layer_dtype": msg.dtype, "chunk_size": msg.chunk_size,
                 "tag": msg.tag.hex(), "lo": lo, "width": width, "m_dtype": str(msg.m.dtype)}
         return {"m": packed}, meta, st
     rng = _private_rng(key)
     if spec.method == "gaussian":
         v = dt + spec.sigma * rng.standard_normal(d)
-        st["bits_algorithmic"] = 32.0 * d
+        st["bits_algorithmic"] = public_bits(spec, d)
         return {"u": v.astype(np.float32)}, {"d": d}, st
     if spec.method == "qg":  # Alg. 2: noise first, then a b-bit unbiased stochastic grid on [-s, s]
         v = dt + spec.sigma * rng.standard_normal(d)
         s = float(np.float32(np.abs(v).max(initial=0.0))) or 1.0
-        # b (sent in meta) from the noised range s, not the clean A = ||Dt||_inf: post-processing of the
-        # Gaussian release, so the bit width leaks nothing the accountant did not charge
-        b = max(1, lrq.lrq_bits_fixed(s, spec.sigma))
+        # b is LRQ's public width (spec §12: "b the same as LRQ"), a function of sigma and S2 only, so the
+        # message size says nothing about the update; the scale s (the noised range) goes to the trusted server
+        b = lrq_public_range(spec)[1]
         levels = (1 << b) - 1
         pos = (v + s) / (2 * s) * levels
         t = np.clip(np.floor(pos + rng.random(d)), 0, levels).astype(np.int64)
-        packed, lo, width = pack_ints(t)
-        st["bits_algorithmic"] = float(d * b + 32)
+        packed, lo, width = pack_ints(t, 0, b)
+        st["bits_algorithmic"] = public_bits(spec, d)
         return {"t": packed}, {"d": d, "scale": s, "b": b, "lo": lo, "width": width}, st
     s_lv, m_tr = bq_levels(spec.sigma, spec.clip, spec.bq_bits)
     dq = 2 * spec.clip / (s_lv - 1)
     pos = (dt + spec.clip) / dq
     t = np.clip(np.floor(pos + rng.random(d)), 0, s_lv - 1).astype(np.int64)
     t += rng.binomial(m_tr, 0.5, size=d)
-    packed, lo, width = pack_ints(t)
-    st["bits_algorithmic"] = float(d * math.ceil(math.log2(s_lv + m_tr)))
+    packed, lo, width = pack_ints(t, 0, math.ceil(math.log2(s_lv + m_tr)))
+    st["bits_algorithmic"] = public_bits(spec, d)
     return {"t": packed}, {"d": d, "s": s_lv, "m": m_tr, "lo": lo, "width": width}, st
 
 

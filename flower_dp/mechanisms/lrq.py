@@ -496,7 +496,8 @@ def _encode_fused(kern, u: np.ndarray, inv_sigma: float, m: np.ndarray, entropy:
         m[where] = sub
 
 
-def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_size: int = DEFAULT_CHUNK) -> LRQMessage:
+def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_size: int = DEFAULT_CHUNK,
+           bound: float | None = None) -> LRQMessage:
     """Quantize ``u`` so that the server's decode equals ``u + N(0, sigma^2 I)`` exactly (Eq. 11).
 
     Parameters
@@ -513,6 +514,10 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
         is faster but limited to max|u| < 2^14 w_min (ValueError otherwise).
     chunk_size : int
         Coordinates per keyed stream chunk (default 2^20, spec §2.4).
+    bound : float or None
+        A public bound on max|u| (e.g. the L2 clip S2).  Given, the message's integer dtype follows from it
+        alone (not from the data), so the message's form reveals nothing about ``u``; max|u| above it raises
+        ``ValueError``.  None: the smallest dtype holding this message's integers.
 
     Returns
     -------
@@ -532,19 +537,22 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
             f"max|u|/sigma too large for {dtype} layers (max {limit:.3g} levels), got max|u|={amax}, sigma={sigma}; "
             "increase sigma, clip the update, or use dtype='float64'"
         )
+    if bound is not None and amax > bound:
+        raise ValueError(f"max|u| must be <= the public bound {bound}, got {amax}; clip u first")
     inv_sigma = 1.0 / sigma
     # |m| <= ceil(A / w_min) (spec §3.7), + 1 for rounding: write straight into a small int dtype
-    bound = math.ceil(amax / lrq_w_min(sigma)) + 1
-    m = np.zeros(d, dtype=next(t for t in _INT_DTYPES if bound <= np.iinfo(t).max))  # calloc: pages come zeroed
+    levels = math.ceil((amax if bound is None else bound) / lrq_w_min(sigma)) + 1
+    m = np.zeros(d, dtype=next(t for t in _INT_DTYPES if levels <= np.iinfo(t).max))  # calloc: pages come zeroed
     kern = _kernels(d)
     if kern is None:
         _encode_numpy(u, inv_sigma, m, _stream_entropy(kb), chunk_size, dtype)
     else:
         _encode_fused(kern, u, inv_sigma, m, _stream_entropy(kb), chunk_size, dtype)
-    lo, hi = (int(m.min()), int(m.max())) if d else (0, 0)
-    idt = next(t for t in _INT_DTYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
-    if idt != m.dtype:
-        m = m.astype(idt)
+    if bound is None:
+        lo, hi = (int(m.min()), int(m.max())) if d else (0, 0)
+        idt = next(t for t in _INT_DTYPES if np.iinfo(t).min <= lo and hi <= np.iinfo(t).max)
+        if idt != m.dtype:
+            m = m.astype(idt)
     m.flags.writeable = False
     return LRQMessage(m=m, d=d, sigma=sigma, dtype=dtype, chunk_size=chunk_size,
                       tag=_tag(kb, d, sigma, dtype, chunk_size, m))

@@ -41,12 +41,13 @@ DYN_VARIANTS = SCHEDULE_VARIANTS + ("general",)
 
 
 def calibrate(
-    make_epsilon: Callable[[float], float], target_epsilon: float, lo: float, hi: float, *, rel_tol: float = 1e-4
+    make_epsilon: Callable[[float], float], target_epsilon: float, lo: float, hi: float, *, rel_tol: float = 1e-4,
+    name: str = "noise multiplier",
 ) -> float:
     """Smallest-noise parameter ``s`` in [lo, hi] with ``make_epsilon(s) <= target`` (eps decreasing in s).
 
     Bisection in log space; the returned value is on the private side.  Raises ``ValueError``
-    naming the bracket when even ``hi`` does not reach the target.
+    naming the parameter (``name``) and the bracket when even ``hi`` does not reach the target.
     """
     target = check_epsilon(target_epsilon, "target_epsilon")
     lo, hi = check_positive("lo", lo), check_positive("hi", hi)
@@ -55,7 +56,7 @@ def calibrate(
     while (e_hi := make_epsilon(hi)) > target:
         if hi > 1e6:
             raise ValueError(
-                f"no parameter up to {hi:g} reaches target eps {target}, got eps {e_hi:.4g} there; "
+                f"no {name} up to {hi:g} reaches target eps {target}, got eps {e_hi:.4g} there; "
                 "raise the target or reduce the steps"
             )
         lo, hi = hi, hi * 4

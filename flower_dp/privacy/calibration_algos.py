@@ -202,7 +202,7 @@ def privsgp_vr_calibration(
             nu0 = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency,
                                              sampling=sampling, dataset_size=population)
             s0 = nu0 * c_sampled  # the sampled part alone: a lower end for the total std
-            std = calibrate(eps_of, epsilon, s0, s0 * 1.5, rel_tol=2e-3)
+            std = calibrate(eps_of, epsilon, s0, s0 * 1.5, rel_tol=2e-3, name="noise std")
         else:
             std = calibrate_noise_multiplier(epsilon, delta, q, K, accountant=accountant, adjacency=adjacency,
                                              sampling=sampling, dataset_size=population) * c_sampled

@@ -105,8 +105,13 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
         z = z_paper
     else:
         shape = z_paper / z_paper[0]
-        scale = calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT, adjacency="replace_one",
-                                   rel_tol=1e-3, sampling="fixed_size", dataset_size=N)
+        try:
+            scale = calibrate_schedule(shape, epsilon, delta, B / N, accountant=DEFAULT_ACCOUNTANT,
+                                       adjacency="replace_one", rel_tol=1e-3, sampling="fixed_size", dataset_size=N)
+        except ValueError as exc:
+            raise ValueError(f"cannot calibrate the noise multiplier z (noise std on the sum over S2) to epsilon = "
+                             f"{epsilon} at delta = {delta} over K = {K} rounds with B = {B} of N = {N} clients, got "
+                             f"({exc}); raise epsilon, or lower K or B / N") from exc
         z = scale * shape
     eps_r = client_level_epsilon(z, delta, B=B, N=N)
     warn = ()
