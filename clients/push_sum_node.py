@@ -375,9 +375,11 @@ def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | N
         initial = {name: arrays[name].numpy() for name in arrays} if arrays is not None and len(arrays) else None
         b = builder or BUILDERS[spec.get("builder", "toy")]
         if transport == "ray":
-            from flower_dp.gossip.ray_backend import register_node
+            from flower_dp.gossip.ray_backend import ensure_ray, register_node
 
             r = spec["_ray"]
+            if r.get("address"):  # deployment engine: join the cluster the ServerApp named (no-op once joined)
+                ensure_ray(r["address"])
             factory = b(node_id, spec, context)
             if initial is not None:
                 factory = functools.partial(_initialised_node, factory, initial)

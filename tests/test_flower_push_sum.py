@@ -154,7 +154,7 @@ def test_flwr_run_example_app(tmp_path):
 
     app = Path(__file__).resolve().parents[1] / "examples" / "push_sum"
     text = flwr_run(app, tmp_path, federation_config="num-supernodes=8",
-                    run_config=f"num-iters=20 out-dir='{tmp_path / 'out'}'")
+                    run_config=f"experiment='toy' num-iters=20 out-dir='{tmp_path / 'out'}'")
     assert "PUSH_SUM_DONE" in text, text[-4000:]
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     assert doc["status"] == "finished" and [h["k"] for h in doc["history"]] == [10, 20]

@@ -31,7 +31,8 @@ def test_relay_runs_to_the_end_and_equals_inprocess(tmp_path):
 
     out = tmp_path / "out"
     with deployment(tmp_path, N) as run:
-        r = run(APP, f"n-nodes={N} num-iters={K} iters-per-round={R} transport='relay' out-dir='{out}'", timeout=800)
+        r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='relay' out-dir='{out}'",
+                timeout=800)
     assert "PUSH_SUM_DONE" in r["output"], r["output"][-4000:] + r["logs"]
     doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and doc["backend"] == "flower-relay"
@@ -50,7 +51,8 @@ def test_relay_runs_to_the_end_and_equals_inprocess(tmp_path):
 
 def test_ray_transport_without_a_shared_cluster_fails_fast_and_nonzero(tmp_path):
     with deployment(tmp_path, N) as run:
-        r = run(APP, f"n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' out-dir='{tmp_path / 'out'}'",
+        r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' "
+                     f"out-dir='{tmp_path / 'out'}'",
                 timeout=300)
     text = r["output"] + r["logs"]
     assert "transport='ray' cannot work on Flower's deployment engine" in text, text[-4000:]
