@@ -296,6 +296,7 @@ class PushSumStrategy(Strategy):
                 log.info("")
                 log.info("[ROUND %d/%d]", rnd, rounds)
                 self._register(grid, rnd, k0)
+                self.timings.setdefault("first_segment_start_s", time.perf_counter() - t0)
                 self._segment_with_retries(grid, rnd, k0, k1)
                 row = self.history[-1]
                 result.train_metrics_clientapp[rnd] = MetricRecord(

@@ -193,3 +193,18 @@ def test_fewer_supernodes_on_the_deployment_engine_fail_after_node_wait_s(task_i
         strat.start(grid)
     assert 1.0 <= time.monotonic() - t < 5
     assert any("4 of 8 SuperNodes connected; waiting up to 1 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wrong_ray_address_on_the_deployment_engine_fails_in_seconds_naming_it(task_identity, tmp_path):
+    """transport='ray' on the deployment engine with a Ray address nobody listens on: no wait for a simulation's
+    Ray; ConnectionError naming the address and the fix within seconds."""
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    grid = FakeGrid(N, None, fresh_process=False)
+    grid.push_messages = lambda msgs: []  # what makes it look like the deployment engine's Grid
+    strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="ray",
+                            out_dir=tmp_path, timeout_s=300, backend_kwargs={"address": "127.0.0.1:9"})
+    t = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"the Ray address '127.0.0.1:9' does not answer.*ray start --head"):
+        strat.start(grid)
+    assert time.monotonic() - t < 10
