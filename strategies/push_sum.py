@@ -408,10 +408,11 @@ class PushSumStrategy(Strategy):
         fresh = self.backend is None
         if not fresh and self.backend.register_once:
             return
+        t = time.perf_counter()
+        self._wait_for_supernodes(grid, rnd)  # before the backend: a mismatch fails before any Ray work
         if fresh:
             self.backend = self._new_backend(grid)
-        t = time.perf_counter()
-        self._wait_for_supernodes(grid, rnd)
+            t = time.perf_counter()
         initial = self._initial if fresh and k0 == 0 and self._initial is not None else ArrayRecord()
         replies = list(grid.send_and_receive(self.configure_train(rnd, initial, self._train_config, grid),
                                              timeout=self.timeout_s))

@@ -87,11 +87,12 @@ def ray_head(env: dict[str, str] | None = None, num_cpus: int = 2):
 
 
 def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400,
-             runtime_install: bool = False) -> str:
+             runtime_install: bool = False, times: dict | None = None) -> str:
     """Run ``flwr run APP``; return its stdout + stderr (and the SuperLink log's tail).
 
     ``runtime_install=False`` sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; ``True`` leaves Flower's default
-    (``uv sync`` of the app's dependencies into a fresh environment per run)."""
+    (``uv sync`` of the app's dependencies into a fresh environment per run).  ``times["flwr_run_s"]``, when a dict
+    is given: the wall seconds of ``flwr run`` itself (the SuperLink and the Ray head already up)."""
     bin_dir = Path(sys.executable).parent
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -117,10 +118,13 @@ def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: s
                             break
                     assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
                     time.sleep(0.5)
+                t = time.monotonic()
                 out = subprocess.run(
                     [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config",
                      federation_config, "--run-config", run_config], env=env, capture_output=True, text=True,
                     timeout=timeout)
+                if times is not None:
+                    times["flwr_run_s"] = time.monotonic() - t
                 return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
             finally:
                 _kill_group(link)

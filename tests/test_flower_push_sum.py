@@ -182,3 +182,21 @@ def test_example_paper_configs_plan(paper, monkeypatch):
     spec = spec_from_config(load_config(path).with_overrides({"run.num_iters": 20}))
     assert spec["plan"].algorithm == paper and spec["plan"].n_nodes == 8 and spec["plan"].num_iters == 20
     sys.modules.pop("push_sum_example.server_app", None)
+
+
+@pytest.mark.slow
+def test_flwr_run_with_fewer_supernodes_than_nodes_fails_within_30_s(tmp_path):
+    """8 push-sum nodes on 4 simulated SuperNodes under `flwr run`: the ServerApp fails at once naming both counts
+    and the fix (the count is known when Flower starts the SuperNodes), not after a timeout."""
+    from pathlib import Path
+
+    from flwr_run_helper import flwr_run
+
+    app = Path(__file__).resolve().parents[1] / "examples" / "push_sum"
+    times: dict = {}
+    text = flwr_run(app, tmp_path, federation_config="num-supernodes=4",
+                    run_config=f"experiment='toy' n-nodes=8 out-dir='{tmp_path / 'out'}'", timeout=300, times=times)
+    assert "the simulation runs 4 SuperNodes, n_nodes = 8" in text and "set num-supernodes = 8" in text, text[-4000:]
+    assert "PUSH_SUM_DONE" not in text
+    print(f"flwr run, 8 nodes on 4 SuperNodes: failed after {times['flwr_run_s']:.1f} s of flwr run")
+    assert times["flwr_run_s"] < 30
