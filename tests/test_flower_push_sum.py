@@ -185,9 +185,11 @@ def test_example_paper_configs_plan(paper, monkeypatch):
 
 
 @pytest.mark.slow
-def test_flwr_run_with_fewer_supernodes_than_nodes_fails_within_30_s(tmp_path):
+def test_flwr_run_with_fewer_supernodes_than_nodes_fails_fast(tmp_path):
     """8 push-sum nodes on 4 simulated SuperNodes under `flwr run`: the ServerApp fails at once naming both counts
-    and the fix (the count is known when Flower starts the SuperNodes), not after a timeout."""
+    and the fix (the count is known when Flower starts the SuperNodes), not after a timeout.  `flwr run` ended
+    25 s after its start at load 8 and 32.5 s at load 12-16 on 2 cores (2026-11-27), nearly all of it Flower starting
+    and stopping its simulation; the bound catches a timeout-long wait coming back."""
     from pathlib import Path
 
     from flwr_run_helper import flwr_run
@@ -199,4 +201,4 @@ def test_flwr_run_with_fewer_supernodes_than_nodes_fails_within_30_s(tmp_path):
     assert "the simulation runs 4 SuperNodes, n_nodes = 8" in text and "set num-supernodes = 8" in text, text[-4000:]
     assert "PUSH_SUM_DONE" not in text
     print(f"flwr run, 8 nodes on 4 SuperNodes: failed after {times['flwr_run_s']:.1f} s of flwr run")
-    assert times["flwr_run_s"] < 30
+    assert times["flwr_run_s"] < 60
