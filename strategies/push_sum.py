@@ -408,6 +408,8 @@ class PushSumStrategy(Strategy):
         fresh = self.backend is None
         if not fresh and self.backend.register_once:
             return
+        if fresh and self.transport == "ray":
+            self._check_ray_reachable(grid)  # a deployment without a shared Ray fails before any wait
         t = time.perf_counter()
         self._wait_for_supernodes(grid, rnd)  # before the backend: a mismatch fails before any Ray work
         if fresh:
@@ -483,7 +485,6 @@ class PushSumStrategy(Strategy):
         if self.transport == "relay":
             return RelayGossipBackend(self.n_nodes, functools.partial(self._send, grid),
                                       keep_states=self._keep_states(restartable=False))
-        self._check_ray_reachable(grid)
         from flower_dp.gossip.ray_backend import RayGossipBackend
 
         t = time.perf_counter()

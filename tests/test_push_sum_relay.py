@@ -208,3 +208,20 @@ def test_a_wrong_ray_address_on_the_deployment_engine_fails_in_seconds_naming_it
     with pytest.raises(ConnectionError, match=r"the Ray address '127.0.0.1:9' does not answer.*ray start --head"):
         strat.start(grid)
     assert time.monotonic() - t < 10
+
+
+def test_ray_transport_on_the_deployment_engine_without_a_cluster_fails_before_the_node_wait(
+        task_identity, tmp_path, monkeypatch):
+    """transport='ray', no address, deployment engine, SuperNodes still missing: the missing shared Ray cluster is
+    reported at once, not after node_wait_s."""
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    grid = FakeGrid(4, None, fresh_process=False)
+    grid.push_messages = lambda msgs: []  # what makes it look like the deployment engine's Grid
+    strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="ray",
+                            out_dir=tmp_path, node_wait_s=60)
+    t = time.monotonic()
+    with pytest.raises(ValueError, match=r"transport='ray' cannot work on Flower's deployment engine"):
+        strat.start(grid)
+    assert time.monotonic() - t < 5
