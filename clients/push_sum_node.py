@@ -258,15 +258,25 @@ def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], t
                   loss_fn: Callable | None = None) -> NodeBuilder:
     """Client side of a drop-in run: a node builder from your model and data loader.
 
-    ``load_data(partition_id, num_partitions) -> (x, y)`` tensors of that node (J_i samples);
-    ``model_fn`` and ``loss_fn`` (default cross-entropy) must be importable where the nodes run
-    (module-level functions or classes).  Use with ``make_client_app(model_builder(...))`` and a
-    strategy built from :func:`plan_spec`.
+    ``load_data(partition_id, num_partitions)`` returns that node's J_i training samples: ``(x, y)`` tensors, a
+    ``DataLoader`` (batches ``(x, y)`` or dicts such as ``{"img": ..., "label": ...}``), a dataset (torch, or a
+    flwr-datasets partition with a tensor transform) or a ``(trainloader, testloader)`` pair as Flower's PyTorch
+    template returns it (:func:`flower_dp.data.as_tensors`; read once, in full: the node draws its own private
+    batches).  J_i must equal the plan's ``samples_per_node`` (its sampling rate is charged).  ``model_fn`` and
+    ``loss_fn`` (default cross-entropy) must be importable where the nodes run (module-level functions or
+    classes).  Use with ``make_client_app(model_builder(...))`` and a strategy built from :func:`plan_spec`.
     """
 
     def builder(node_id: int, spec: dict, context: Any = None) -> Callable[[int, str], Any]:
+        from flower_dp.data import as_tensors
+
         plan = spec["plan"]
-        x, y = load_data(int(node_id), int(plan.n_nodes))
+        x, y = as_tensors(load_data(int(node_id), int(plan.n_nodes)))
+        want = int(plan.samples_per_node[int(node_id)])
+        if len(x) != want:
+            raise ValueError(f"node {node_id}: load_data gave {len(x)} training samples, the plan was made for "
+                             f"samples_per_node = {want} (its sampling rate B/J is what the accountant charges); "
+                             f"pass samples_per_node={len(x)} (or the list of every node's count) to plan_spec")
         topology = run_topology(plan, base_topology(spec["topology"], int(plan.n_nodes), spec["topology_kwargs"]))
         return functools.partial(build_plan_node, plan=plan, topology=topology, model_fn=model_fn,
                                  data={int(node_id): (x, y)}, loss_fn=loss_fn)
@@ -375,9 +385,11 @@ def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | N
         initial = {name: arrays[name].numpy() for name in arrays} if arrays is not None and len(arrays) else None
         b = builder or BUILDERS[spec.get("builder", "toy")]
         if transport == "ray":
-            from flower_dp.gossip.ray_backend import register_node
+            from flower_dp.gossip.ray_backend import ensure_ray, register_node
 
             r = spec["_ray"]
+            if r.get("address"):  # deployment engine: join the cluster the ServerApp named (no-op once joined)
+                ensure_ray(r["address"])
             factory = b(node_id, spec, context)
             if initial is not None:
                 factory = functools.partial(_initialised_node, factory, initial)

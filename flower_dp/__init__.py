@@ -13,6 +13,10 @@ Flower glue: :mod:`flower_dp.clients` (node update rules, ClientApps, mods) and
 :mod:`flower_dp.strategies` (server-side strategies).
 """
 
+from ._requirements import check_requirements as _check_requirements
+
 __version__ = "0.1.0"
+
+_check_requirements()  # installed versions outside flower-dp's requirements (e.g. an app's torch pin) fail here
 
 __all__ = ["__version__"]

@@ -29,6 +29,7 @@ from ._checks import check_choice, check_int, check_positive
 
 __all__ = [
     "ArrayDataset",
+    "as_tensors",
     "load_dataset",
     "partition",
     "partition_sizes",
@@ -377,3 +378,63 @@ def stratified_client_indices(
             )
         out.append(rng.choice(idx, size=per_class, replace=False))
     return np.sort(np.concatenate(out)).astype(np.int64)
+
+
+#: batch-dict keys tried, in order, for the inputs and the labels (Flower's templates and flwr-datasets use "img"
+#: / "image" and "label")
+INPUT_KEYS = ("img", "image", "x", "pixel_values", "features", "input", "inputs")
+LABEL_KEYS = ("label", "labels", "y", "target", "targets", "fine_label")
+
+
+def _batch_pair(batch: object, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of one batch: a ``(x, y)`` pair or a dict with one input key and one label key."""
+    if isinstance(batch, dict):
+        xk = next((k for k in INPUT_KEYS if k in batch), None)
+        yk = next((k for k in LABEL_KEYS if k in batch), None)
+        if xk is None or yk is None:
+            raise ValueError(f"{where}: a batch with keys {sorted(batch)} has no input key (one of {INPUT_KEYS}) "
+                             f"or no label key (one of {LABEL_KEYS}); rename the columns, or return (x, y) tensors")
+        batch = (batch[xk], batch[yk])
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        raise ValueError(f"{where}: a batch must be (inputs, labels) or a dict of columns, got {type(batch).__name__}")
+    x, y = batch[0], batch[1]
+    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
+        raise ValueError(f"{where}: a batch holds {type(x).__name__} inputs and {type(y).__name__} labels, tensors "
+                         "are needed; give the dataset a transform that makes tensors (flwr-datasets / Hugging Face: "
+                         "partition.with_transform(...) or partition.with_format('torch'))")
+    return x, y
+
+
+def as_tensors(data: object, *, batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of a node's training samples as ``(x, y)`` tensors, from what a data loader of a Flower app returns.
+
+    ``data`` may be ``(x, y)`` tensors or arrays; a ``torch.utils.data.DataLoader`` (or any iterable of batches,
+    each ``(x, y)`` or a dict such as ``{"img": ..., "label": ...}``), read once in full; a map-style dataset
+    (a ``torch.utils.data.Dataset`` or a flwr-datasets / Hugging Face partition with a tensor transform), read in
+    batches of ``batch_size``; or a ``(trainloader, testloader)`` pair, as Flower's PyTorch template's
+    ``load_data`` returns it, of which the first is used.  The samples' order is the loader's (shuffled or not):
+    the node draws its own batches from all of them.
+    """
+    if isinstance(data, tuple) and len(data) == 2:
+        first, second = data
+        if isinstance(first, (torch.Tensor, np.ndarray)) and isinstance(second, (torch.Tensor, np.ndarray)):
+            return torch.as_tensor(first), torch.as_tensor(second)
+        data = first  # (trainloader, testloader): train on the first
+    from torch.utils.data import DataLoader
+
+    if isinstance(data, dict):
+        raise ValueError(f"load_data returned a dict (keys {sorted(data)}); valid: (x, y) tensors, a DataLoader, a "
+                         "dataset (torch or flwr-datasets partition) or a (trainloader, testloader) pair")
+    if not isinstance(data, DataLoader) and hasattr(data, "__len__") and hasattr(data, "__getitem__"):
+        data = DataLoader(data, batch_size=check_int("batch_size", batch_size, minimum=1), shuffle=False)
+    if not hasattr(data, "__iter__"):
+        raise ValueError(f"load_data returned {type(data).__name__}; valid: (x, y) tensors, a DataLoader, a dataset "
+                         "(torch or flwr-datasets partition) or a (trainloader, testloader) pair")
+    xs, ys = [], []
+    for batch in data:
+        x, y = _batch_pair(batch, f"load_data's {type(data).__name__}")
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise ValueError(f"load_data's {type(data).__name__} yielded no batch: the node's partition is empty")
+    return torch.cat(xs), torch.cat(ys)

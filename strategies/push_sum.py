@@ -63,7 +63,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from flower_dp import results as rio
 from flower_dp._checks import check_choice, check_int, check_positive
-from flower_dp.errors import CheckpointError, GossipTimeoutError, NonFiniteError
+from flower_dp.errors import CheckpointError, ConfigError, GossipTimeoutError, NonFiniteError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.models import resolve_device
@@ -76,9 +76,24 @@ from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS,
 
 __all__ = ["PushSumStrategy"]
 
-log = logging.getLogger(__name__)
+# Flower's own logger: its handlers print to the console of run_simulation and stream to `flwr run --stream` /
+# `flwr log` from a ServerApp process, where a logger of flower-dp's own has no handler
+log = logging.getLogger("flwr")
 
 EvaluateFn = Callable[[int, torch.Tensor], dict[str, float] | None]
+
+
+#: simulation: seconds the SuperNode count must hold before it is compared with n_nodes (Flower registers all at once)
+_SETTLE_S = 0.5
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _is_simulation(grid: Any) -> bool:
+    """Flower's simulation engine (its in-memory Grid), or a test's stand-in without the deployment Grid's calls."""
+    return type(grid).__name__ == "InMemoryGrid" or not hasattr(grid, "push_messages")
 
 
 class PushSumStrategy(Strategy):
@@ -100,7 +115,12 @@ class PushSumStrategy(Strategy):
     out_dir : path, optional
         ``results.json`` and ``checkpoint.pt`` go here after every round.
     timeout_s : float
-        Longest wait for ClientApp replies and for shares between hosts.
+        Longest wait for ClientApp replies and for shares between hosts (and, in simulation, for Flower to
+        start its SuperNodes and Ray).
+    node_wait_s : float
+        Deployment engine: how long the first round waits for ``n_nodes`` SuperNodes to connect before it fails
+        (logged when it starts waiting).  In simulation the SuperNode count is known as soon as Flower starts
+        them, and a mismatch fails at once.
     checkpoint : bool
         Write ``checkpoint.pt`` (every node's state) after each round (needs ``out_dir``).
     max_retries : int
@@ -121,13 +141,14 @@ class PushSumStrategy(Strategy):
                  transport: str = "ray", evaluate_fn: EvaluateFn | None = None, out_dir: str | Path | None = None,
                  timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
                  max_retries: int = 2, resume: bool = False, backend_kwargs: dict[str, Any] | None = None,
-                 debug_metrics: bool = False) -> None:
+                 debug_metrics: bool = False, node_wait_s: float = 30.0) -> None:
         self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
         self.spec = dict(spec)
         self.num_iters = check_int("num_iters", num_iters, minimum=1)
         self.iters_per_round = check_int("iters_per_round", iters_per_round, minimum=1)
         self.transport = check_choice("transport", transport, ("ray", "relay"))
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
+        self.node_wait_s = check_positive("node_wait_s", node_wait_s)
         self.checkpoint, self.run_name = bool(checkpoint), run_name
         # results.json, history.csv and checkpoint.pt (stamped with _meta: a resume of other settings is refused)
         # and with the sampler of the nodes' devices (numpy on the CPU, torch's float64 normal on CUDA; _node_devices)
@@ -154,6 +175,7 @@ class PushSumStrategy(Strategy):
         self.privacy: list[dict[str, Any]] = []
         self.last_average: torch.Tensor | None = None
         self.timings: dict[str, float] = {}
+        self._gossip_s_logged = 0.0  # gossip_s at the last progress line
         self.failures: list[dict[str, Any]] = []  # one entry per dead host actor (round, segment, nodes)
         self._snapshot: dict[str, Any] | None = None  # last checkpoint, kept in memory
         self.poll_s = 0.05  # relay: how often replies are pulled from the Grid
@@ -274,17 +296,18 @@ class PushSumStrategy(Strategy):
                 log.info("")
                 log.info("[ROUND %d/%d]", rnd, rounds)
                 self._register(grid, rnd, k0)
+                self.timings.setdefault("first_segment_start_s", time.perf_counter() - t0)
                 self._segment_with_retries(grid, rnd, k0, k1)
                 row = self.history[-1]
                 result.train_metrics_clientapp[rnd] = MetricRecord(
                     {k: float(v) for k, v in row.items() if k != "eval"})
-                log.info("\t└──> Aggregated MetricRecord: %s", result.train_metrics_clientapp[rnd])
                 # the privacy spent sits beside the server-side evaluation, as in GauLRQ's Result
                 server = result.evaluate_metrics_serverapp.get(rnd)
                 server = MetricRecord(dict(server) if server is not None else dict(row.get("eval") or {}))
                 for key, v in self._eps_metrics().items():
                     server[key] = v
                 result.evaluate_metrics_serverapp[rnd] = server
+                self._log_progress(rnd, rounds, k0, k1, row)
                 self._write(RUNNING, t0, error)
             # the plan's iterations ran: finished, or cut short by the budget (the recorder's one rule)
             status = completed_status(self.num_iters, self._num_iters_requested())
@@ -302,6 +325,23 @@ class PushSumStrategy(Strategy):
         self.timings["total_s"] = time.perf_counter() - t0
         log.info("Strategy execution finished in %.2fs", self.timings["total_s"])
         return result
+
+    def _log_progress(self, rnd: int, rounds: int, k0: int, k1: int, row: dict[str, Any]) -> None:
+        """The round's lines in Flower's log: iterations done, the network average's evaluation, the eps spent."""
+        seg_s = self.timings.get("gossip_s", 0.0) - self._gossip_s_logged
+        self._gossip_s_logged = self.timings.get("gossip_s", 0.0)
+        log.info("\t├──> iterations %d/%d done (segment k=%d..%d, %.1f s of gossip)", k1, self.num_iters, k0, k1 - 1,
+                 seg_s)
+        if row.get("eval"):
+            log.info("\t├──> network average: %s", ", ".join(f"{key} {_fmt(v)}" for key, v in row["eval"].items()))
+        eps = self._eps_metrics()
+        delta = max((float(r["delta"]) for r in self.privacy if r.get("delta") is not None), default=None)
+        if not eps:
+            log.info("\t└──> privacy spent: not reported by the nodes")
+            return
+        at = f" at delta {delta:g}" if delta is not None else ""
+        log.info("\t└──> privacy spent (largest over %d nodes%s): %s", self.n_nodes, at,
+                 ", ".join(f"{key} {_fmt(v)}" for key, v in eps.items()))
 
     def privacy_spent(self):
         """The privacy spent so far, as Flower's DP strategies and :meth:`GauLRQ.privacy_spent` answer it (a
@@ -368,19 +408,13 @@ class PushSumStrategy(Strategy):
         fresh = self.backend is None
         if not fresh and self.backend.register_once:
             return
+        if fresh and self.transport == "ray":
+            self._check_ray_reachable(grid)  # a deployment without a shared Ray fails before any wait
+        t = time.perf_counter()
+        self._wait_for_supernodes(grid, rnd)  # before the backend: a mismatch fails before any Ray work
         if fresh:
             self.backend = self._new_backend(grid)
-        t = time.perf_counter()
-        deadline = time.monotonic() + self.timeout_s
-        while len(list(grid.get_node_ids())) < self.n_nodes and time.monotonic() < deadline:
-            time.sleep(0.2)  # in simulation the SuperNodes come up a few seconds after main() starts
-        live = len(list(grid.get_node_ids()))
-        if live < self.n_nodes:
-            raise GossipTimeoutError(
-                f"round {rnd}: only {live} Flower SuperNodes connected within {self.timeout_s:.0f} s, got fewer than "
-                f"n_nodes = {self.n_nodes} (one SuperNode per push-sum node is needed); set num-supernodes = "
-                f"{self.n_nodes} (run_simulation(num_supernodes={self.n_nodes}) or flwr run --federation-config "
-                f"'num-supernodes={self.n_nodes}'), or lower n_nodes")
+            t = time.perf_counter()
         initial = self._initial if fresh and k0 == 0 and self._initial is not None else ArrayRecord()
         replies = list(grid.send_and_receive(self.configure_train(rnd, initial, self._train_config, grid),
                                              timeout=self.timeout_s))
@@ -400,29 +434,84 @@ class PushSumStrategy(Strategy):
                 self.backend.load_state_dicts(states, k=k0)
             self.timings.setdefault("register_first_round_s", time.perf_counter() - t)
 
+    def _wait_for_supernodes(self, grid: Grid, rnd: int) -> None:
+        """Return once exactly ``n_nodes`` SuperNodes are connected; fail fast otherwise.
+
+        Simulation: Flower registers all its SuperNodes at once, a moment after ``main()`` starts; once any are
+        there (and the count held for ``_SETTLE_S``), a count other than ``n_nodes`` fails at once.  Deployment:
+        SuperNodes connect at their own pace; wait up to ``node_wait_s`` (logged), then fail.  More SuperNodes
+        than nodes fail at once on both engines (each would build a node that no other node gossips with).
+        """
+        simulation = _is_simulation(grid)
+        fix = (f"set num-supernodes = {self.n_nodes} (`flwr run --federation-config 'num-supernodes={self.n_nodes}'`"
+               f", or one flower-supernode per push-sum node with partition-id 0..{self.n_nodes - 1}), or make "
+               f"n_nodes equal to the number of SuperNodes")
+        live = len(list(grid.get_node_ids()))
+        if live == self.n_nodes:
+            return
+        if simulation:
+            deadline = time.monotonic() + self.timeout_s
+            seen, since = live, time.monotonic()
+            while time.monotonic() < deadline and (seen == 0 or time.monotonic() - since < _SETTLE_S):
+                time.sleep(0.05)
+                now = len(list(grid.get_node_ids()))
+                if now != seen:
+                    seen, since = now, time.monotonic()
+            if seen == 0:
+                raise GossipTimeoutError(f"round {rnd}: Flower's simulation started no SuperNode within "
+                                         f"{self.timeout_s:.0f} s (n_nodes = {self.n_nodes}); {fix}, or raise "
+                                         "timeout_s on a loaded machine")
+            if seen != self.n_nodes:
+                raise ConfigError(f"round {rnd}: the simulation runs {seen} SuperNodes, n_nodes = {self.n_nodes} "
+                                  f"(one SuperNode per push-sum node is needed); {fix}")
+            return
+        if live > self.n_nodes:
+            raise ConfigError(f"round {rnd}: {live} SuperNodes are connected, n_nodes = {self.n_nodes} (one "
+                              f"SuperNode per push-sum node is needed); {fix}")
+        log.info("PushSum: %d of %d SuperNodes connected; waiting up to %.0f s (node_wait_s) for the others",
+                 live, self.n_nodes, self.node_wait_s)
+        deadline = time.monotonic() + self.node_wait_s
+        while live < self.n_nodes and time.monotonic() < deadline:
+            time.sleep(0.2)
+            live = len(list(grid.get_node_ids()))
+        if live != self.n_nodes:
+            raise GossipTimeoutError(
+                f"round {rnd}: {live} Flower SuperNodes connected within node_wait_s = {self.node_wait_s:.0f} s, "
+                f"n_nodes = {self.n_nodes} (one SuperNode per push-sum node is needed); {fix}, or raise node_wait_s "
+                "when SuperNodes are still starting")
+
     def _new_backend(self, grid: Grid) -> Any:
         """The backend of ``transport``: Ray host actors, or the relay over this strategy's Flower messages."""
         if self.transport == "relay":
             return RelayGossipBackend(self.n_nodes, functools.partial(self._send, grid),
                                       keep_states=self._keep_states(restartable=False))
-        self._check_ray_reachable(grid)
         from flower_dp.gossip.ray_backend import RayGossipBackend
 
         t = time.perf_counter()
-        # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when
-        # loaded); a second ray.init from here would crash Flower's, so wait for it, unless a cluster is named.
-        wait = 0.0 if self.backend_kwargs.get("address") else 120.0
+        address = self.backend_kwargs.get("address") or os.environ.get("RAY_ADDRESS") or None
+        # In simulation Flower initialises Ray itself (2-4 s after main() on an idle machine, 30 s when loaded;
+        # joining RAY_ADDRESS when set); a second ray.init from here would crash Flower's, so wait for it.  On the
+        # deployment engine nobody else starts Ray here: connect to the named cluster at once.
+        wait = self.timeout_s if _is_simulation(grid) else 0.0
         if wait:
             import ray
 
+            if not ray.is_initialized():
+                log.info("PushSum: waiting up to %.0f s (timeout_s) for Flower's simulation to start Ray", wait)
             deadline = time.monotonic() + wait
             while not ray.is_initialized() and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if not ray.is_initialized():
+                raise GossipTimeoutError(f"Flower's simulation did not start Ray within timeout_s = {wait:.0f} s; "
+                                         "raise timeout_s on a loaded machine")
             self.timings.setdefault("wait_for_ray_s", time.perf_counter() - t)  # Flower starting Ray
-        kw = {"timeout_s": self.timeout_s, "wait_for_ray_s": wait, **self.backend_kwargs}
+        else:
+            log.info("PushSum: connecting to the Ray cluster at %r", address)
+        kw = {"timeout_s": self.timeout_s, **self.backend_kwargs}
         backend = RayGossipBackend(self.n_nodes, **kw)
         self.spec["_ray"] = {"name": backend.name, "namespace": backend.namespace,
-                             "num_hosts": backend.num_hosts, "n_nodes": self.n_nodes}
+                             "num_hosts": backend.num_hosts, "n_nodes": self.n_nodes,
+                             "address": None if wait else address}
         self.timings["backend_start_s"] = time.perf_counter() - t
         return backend
 
@@ -443,8 +532,8 @@ class PushSumStrategy(Strategy):
         """
         if self.backend_kwargs.get("address") or os.environ.get("RAY_ADDRESS"):
             return
-        if type(grid).__name__ in ("InMemoryGrid",) or not hasattr(grid, "push_messages"):
-            return  # simulation (or a test's stand-in): one Ray cluster for ServerApp and ClientApps
+        if _is_simulation(grid):
+            return  # one Ray cluster for ServerApp and ClientApps
         raise ValueError(
             f"transport='ray' cannot work on Flower's deployment engine without a shared Ray cluster (got a "
             f"{type(grid).__name__}: each ClientApp runs in its own process and cannot reach the host actors); "
@@ -585,7 +674,6 @@ class PushSumStrategy(Strategy):
                 row["eval"] = {key: float(v) for key, v in ev.items()}
         if self._flower_evaluate_fn is not None:
             res = self._flower_evaluate_fn(rnd, self.average_arrays(avg))
-            log.info("\t└──> Global evaluation MetricRecord: %s", res)
             if res is not None:
                 self._result.evaluate_metrics_serverapp[rnd] = res
                 row.setdefault("eval", {}).update({key: float(v) for key, v in res.items()

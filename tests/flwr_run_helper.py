@@ -58,45 +58,73 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, old)
 
 
-def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400,
-             runtime_install: bool = False) -> str:
-    """Run ``flwr run APP``; return its stdout + stderr (and the SuperLink log's tail).
-
-    ``runtime_install=False`` sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; ``True`` leaves Flower's default
-    (``uv sync`` of the app's dependencies into a fresh environment per run)."""
+@contextmanager
+def ray_head(env: dict[str, str] | None = None, num_cpus: int = 2):
+    """Yield the address ``127.0.0.1:PORT`` of a Ray head of this test's own (no dashboard, loopback), stopped
+    (its process group killed) on exit."""
     bin_dir = Path(sys.executable).parent
-    home = tmp_path / "flwr_home"
-    home.mkdir()
-    port, ray_port = free_port(), free_port()  # flwr 1.41: one HTTP port for the Control, Runtime and Fleet APIs
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
-               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", RAY_ADDRESS=f"127.0.0.1:{ray_port}",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray keeps the node on 127.0.0.1 (flower_dp._ray_local)
-    if runtime_install:
-        env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")
+    port = free_port()
+    env = dict(os.environ if env is None else env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
     ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
-    ray_head = subprocess.Popen(
-        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={ray_port}",
-         "--include-dashboard=false", "--num-cpus=2", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+    head = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--include-dashboard=false", f"--num-cpus={num_cpus}", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    link = subprocess.Popen(
-        [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
-        env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     with sigterm_raises():
         try:
             deadline = time.monotonic() + 90
             while time.monotonic() < deadline:
-                with socket.socket() as s, socket.socket() as r:
-                    if s.connect_ex(("127.0.0.1", port)) == 0 and r.connect_ex(("127.0.0.1", ray_port)) == 0:
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
                         break
-                assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
+                assert head.poll() is None, f"ray start --head exited with {head.returncode}"
                 time.sleep(0.5)
-            out = subprocess.run(
-                [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config", federation_config,
-                 "--run-config", run_config], env=env, capture_output=True, text=True, timeout=timeout)
-            return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
+            yield f"127.0.0.1:{port}"
         finally:
-            _kill_group(link)
-            _kill_group(ray_head)
+            _kill_group(head)
             shutil.rmtree(ray_temp, ignore_errors=True)
+
+
+def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: str, timeout: int = 400,
+             runtime_install: bool = False, times: dict | None = None) -> str:
+    """Run ``flwr run APP``; return its stdout + stderr (and the SuperLink log's tail).
+
+    ``runtime_install=False`` sets FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1; ``True`` leaves Flower's default
+    (``uv sync`` of the app's dependencies into a fresh environment per run).  ``times["flwr_run_s"]``, when a dict
+    is given: the wall seconds of ``flwr run`` itself (the SuperLink and the Ray head already up)."""
+    bin_dir = Path(sys.executable).parent
+    home = tmp_path / "flwr_home"
+    home.mkdir()
+    port = free_port()  # flwr 1.41: one HTTP port for the Control, Runtime and Fleet APIs
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = dict(os.environ, FLWR_HOME=str(home), FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray keeps the node on 127.0.0.1 (flower_dp._ray_local)
+    if runtime_install:
+        env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")
+    with ray_head(env) as ray_address:
+        env["RAY_ADDRESS"] = ray_address
+        link = subprocess.Popen(
+            [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1", "--port", str(port)],
+            env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        with sigterm_raises():
+            try:
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline:
+                    with socket.socket() as s:
+                        if s.connect_ex(("127.0.0.1", port)) == 0:
+                            break
+                    assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
+                    time.sleep(0.5)
+                t = time.monotonic()
+                out = subprocess.run(
+                    [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config",
+                     federation_config, "--run-config", run_config], env=env, capture_output=True, text=True,
+                    timeout=timeout)
+                if times is not None:
+                    times["flwr_run_s"] = time.monotonic() - t
+                return out.stdout + out.stderr + "\n--- superlink log ---\n" + (home / "superlink.log").read_text()[-3000:]
+            finally:
+                _kill_group(link)

@@ -4,7 +4,9 @@
 * ``transport="relay"`` runs to the end and its nodes end bit-identical to the in-process run;
 * ``transport="ray"`` (no shared Ray cluster: each ClientApp is its own process) fails before any work with an
   error naming the fix, and the ServerApp exits non-zero (``flwr run`` itself returns 0 whatever the run did:
-  Flower's CLI; the run's status says failed).
+  Flower's CLI; the run's status says failed);
+* ``transport="ray"`` with the shared cluster's address in the run config (``ray-address``) starts its first
+  iteration without waiting for a simulation's Ray and runs to the end.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 import torch
 
 from flwr_deploy_helper import deployment
+from flwr_run_helper import ray_head
 
 APP = Path(__file__).resolve().parent.parent / "examples" / "push_sum"
 N, K, R = 4, 4, 2
@@ -31,7 +34,8 @@ def test_relay_runs_to_the_end_and_equals_inprocess(tmp_path):
 
     out = tmp_path / "out"
     with deployment(tmp_path, N) as run:
-        r = run(APP, f"n-nodes={N} num-iters={K} iters-per-round={R} transport='relay' out-dir='{out}'", timeout=800)
+        r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='relay' out-dir='{out}'",
+                timeout=800)
     assert "PUSH_SUM_DONE" in r["output"], r["output"][-4000:] + r["logs"]
     doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and doc["backend"] == "flower-relay"
@@ -50,7 +54,8 @@ def test_relay_runs_to_the_end_and_equals_inprocess(tmp_path):
 
 def test_ray_transport_without_a_shared_cluster_fails_fast_and_nonzero(tmp_path):
     with deployment(tmp_path, N) as run:
-        r = run(APP, f"n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' out-dir='{tmp_path / 'out'}'",
+        r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' "
+                     f"out-dir='{tmp_path / 'out'}'",
                 timeout=300)
     text = r["output"] + r["logs"]
     assert "transport='ray' cannot work on Flower's deployment engine" in text, text[-4000:]
@@ -61,3 +66,25 @@ def test_ray_transport_without_a_shared_cluster_fails_fast_and_nonzero(tmp_path)
         assert "fail" in r["status"].lower(), r["status"]
     assert "PUSH_SUM_DONE" not in r["output"]
     print(f"deployment ray (no shared cluster): failed after {r['wall_s']:.1f} s of flwr run")
+
+
+def test_ray_transport_with_the_address_in_the_run_config_starts_without_a_wait(tmp_path):
+    """A Ray head on 127.0.0.1; the ServerApp and every SuperNode's node join it through the run config's
+    ray-address (no RAY_ADDRESS anywhere): no wait for a simulation's Ray; the first iteration starts as soon as
+    the processes are up (72 s after `flwr run` at load 7-9 on 2 cores, 2026-11-27: 35 s until the strategy
+    starts, 5 s to join Ray and create the hosts, 32 s for 4 flwr-clientapp + node worker starts that import
+    torch; no fixed wait left); the bound below catches a 120 s wait coming back."""
+    out = tmp_path / "out"
+    with ray_head() as address, deployment(tmp_path, N) as run:
+        r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' "
+                     f"ray-address='{address}' out-dir='{out}'", timeout=400)
+    assert "PUSH_SUM_DONE" in r["output"], r["output"][-4000:] + r["logs"]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["status"] == "finished" and doc["backend"] == "flower-ray" and [h["k"] for h in doc["history"]] == [R, K]
+    tm = doc["timings"]
+    # from `flwr run` to the first iteration, at most: its wall time less the strategy's time after that point
+    first = r["wall_s"] - (doc["wall_time_s"] - tm["first_segment_start_s"])
+    print(f"deployment ray with ray-address: first iteration at most {first:.1f} s after flwr run "
+          f"(strategy: backend {tm['backend_start_s']:.1f} s, register {tm['register_first_round_s']:.1f} s, "
+          f"first segment at {tm['first_segment_start_s']:.1f} s); flwr run {r['wall_s']:.1f} s")
+    assert "wait_for_ray_s" not in tm and tm["backend_start_s"] < 30 and first < 110, tm

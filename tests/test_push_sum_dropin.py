@@ -2,14 +2,13 @@
 
 ``examples/push_sum_dropin`` is that app; its ClientApp is ``make_client_app(model_builder(Net,
 load_data))`` and its ServerApp builds a ``PushSumStrategy`` from ``plan_spec(...)``.  The
-Flower-on-Ray run ends with the node parameters of the in-process loop over the same nodes.
+Flower-on-Ray run (``flwr run``, Flower 1.42's replacement for ``run_simulation``) ends with the node parameters of
+the in-process loop over the same nodes.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,26 +20,24 @@ APP_DIR = Path(__file__).resolve().parents[1] / "examples" / "push_sum_dropin"
 
 
 def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
-    from flwr.simulation import run_simulation
+    """`flwr run` of the example (local simulation, 4 SuperNodes, seeded mode): the run ends with the node
+    parameters of the in-process loop over the same nodes."""
+    from flwr_run_helper import flwr_run
 
     from flower_dp.gossip import run_iteration
     from flower_dp.results import load_checkpoint
 
     monkeypatch.syspath_prepend(str(APP_DIR))
-    # the user's task module must be importable in the Ray workers that hold the nodes
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(APP_DIR), *sys.path]))
-    monkeypatch.chdir(tmp_path)
-    from dropin_app import client_app, server_app
     from dropin_app.task import NUM_PARTITIONS, SAMPLES, Net, load_data
 
     from flower_dp.clients.push_sum_app import model_builder, plan_spec
 
-    # Flower == in-process bit for bit needs the seeded simulation mode (the app's run config reproducible = true)
-    monkeypatch.setattr(server_app, "plan_spec", lambda *a, **kw: plan_spec(*a, **{**kw, "reproducible": True}))
-    run_simulation(server_app=server_app.app, client_app=client_app.app, num_supernodes=NUM_PARTITIONS,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
-    doc = json.loads((tmp_path / "dropin_results" / "results.json").read_text())
+    out = tmp_path / "dropin_results"
+    # Flower == in-process bit for bit needs the seeded simulation mode (run config reproducible = true)
+    text = flwr_run(APP_DIR, tmp_path, federation_config=f"num-supernodes={NUM_PARTITIONS}",
+                    run_config=f"reproducible=true out-dir='{out}'", timeout=400)
+    assert (out / "results.json").is_file(), text[-4000:]
+    doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and [h["k"] for h in doc["history"]] == [4, 8, 12]
     assert all(0 < p["eps_rigorous"] <= 3.0 + 1e-9 for p in doc["privacy"]["per_node"])
     # the same nodes, in-process
@@ -54,7 +51,7 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
         nd.setup()
     for k in range(12):
         run_iteration(nodes, k)
-    states = load_checkpoint(tmp_path / "dropin_results")["nodes"]
+    states = load_checkpoint(out)["nodes"]
     for nd in nodes:
         torch.testing.assert_close(states[nd.node_id]["x"], nd.x, rtol=0, atol=1e-6)
         assert states[nd.node_id]["w"] == pytest.approx(nd.w, abs=1e-12)

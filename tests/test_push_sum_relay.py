@@ -8,6 +8,7 @@ case of Flower running a node's next message in another process.
 from __future__ import annotations
 
 import functools
+import time
 
 import pytest
 import torch
@@ -160,12 +161,67 @@ def test_relay_resume_from_checkpoint_equals_uninterrupted(task_identity, tmp_pa
         assert torch.equal(sa["x"], sb["x"]) and sa["w"] == sb["w"]
 
 
-def test_fewer_supernodes_than_nodes_is_a_clear_error(task_identity, tmp_path):
-    """4 SuperNodes for 8 nodes: GossipTimeoutError within the timeout naming the count and the fix."""
+@pytest.mark.parametrize("live", [4, 12])
+def test_supernode_count_mismatch_in_simulation_fails_at_once(task_identity, tmp_path, live):
+    """4 or 12 SuperNodes for 8 nodes in simulation (the count is known once Flower starts them): a ConfigError
+    naming both counts and the fix, in about a second, not after timeout_s."""
+    from flower_dp.errors import ConfigError
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    grid = FakeGrid(live, None, fresh_process=False)
+    strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="relay",
+                            out_dir=tmp_path, timeout_s=300)
+    t = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"simulation runs {live} SuperNodes, n_nodes = 8.*set num-supernodes = 8"):
+        strat.start(grid)
+    assert time.monotonic() - t < 5
+
+
+def test_fewer_supernodes_on_the_deployment_engine_fail_after_node_wait_s(task_identity, tmp_path, caplog):
+    """Deployment engine (a Grid with push_messages): the wait for missing SuperNodes is logged and lasts
+    node_wait_s, then GossipTimeoutError names the counts and both fixes."""
     from flower_dp.strategies.push_sum import PushSumStrategy
 
     grid = FakeGrid(4, None, fresh_process=False)
+    grid.push_messages = lambda msgs: []  # what makes it look like the deployment engine's Grid
     strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="relay",
-                            out_dir=tmp_path, timeout_s=0.5)
-    with pytest.raises(GossipTimeoutError, match=r"only 4 Flower SuperNodes connected.*n_nodes = 8.*set num-supernodes = 8"):
+                            out_dir=tmp_path, timeout_s=300, node_wait_s=1.0)
+    t = time.monotonic()
+    with caplog.at_level("INFO", logger="flwr"), pytest.raises(
+            GossipTimeoutError, match=r"4 Flower SuperNodes connected within node_wait_s = 1 s, n_nodes = 8.*"
+                                      r"set num-supernodes = 8.*raise node_wait_s"):
         strat.start(grid)
+    assert 1.0 <= time.monotonic() - t < 5
+    assert any("4 of 8 SuperNodes connected; waiting up to 1 s" in r.getMessage() for r in caplog.records)
+
+
+def test_a_wrong_ray_address_on_the_deployment_engine_fails_in_seconds_naming_it(task_identity, tmp_path):
+    """transport='ray' on the deployment engine with a Ray address nobody listens on: no wait for a simulation's
+    Ray; ConnectionError naming the address and the fix within seconds."""
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    grid = FakeGrid(N, None, fresh_process=False)
+    grid.push_messages = lambda msgs: []  # what makes it look like the deployment engine's Grid
+    strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="ray",
+                            out_dir=tmp_path, timeout_s=300, backend_kwargs={"address": "127.0.0.1:9"})
+    t = time.monotonic()
+    with pytest.raises(ConnectionError, match=r"the Ray address '127.0.0.1:9' does not answer.*ray start --head"):
+        strat.start(grid)
+    assert time.monotonic() - t < 10
+
+
+def test_ray_transport_on_the_deployment_engine_without_a_cluster_fails_before_the_node_wait(
+        task_identity, tmp_path, monkeypatch):
+    """transport='ray', no address, deployment engine, SuperNodes still missing: the missing shared Ray cluster is
+    reported at once, not after node_wait_s."""
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    grid = FakeGrid(4, None, fresh_process=False)
+    grid.push_messages = lambda msgs: []  # what makes it look like the deployment engine's Grid
+    strat = PushSumStrategy(N, {"builder": "toy", "n_nodes": N}, num_iters=K, iters_per_round=R, transport="ray",
+                            out_dir=tmp_path, node_wait_s=60)
+    t = time.monotonic()
+    with pytest.raises(ValueError, match=r"transport='ray' cannot work on Flower's deployment engine"):
+        strat.start(grid)
+    assert time.monotonic() - t < 5

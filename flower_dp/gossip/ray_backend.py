@@ -256,11 +256,27 @@ class RayGossipBackend:
             )
             for h in range(self.num_hosts)
         ]
-        handles = dict(enumerate(self.hosts))
-        ray.get([a.connect.remote(handles) for a in self.hosts], timeout=max(120.0, self.timeout_s))
-        self.devices = ray.get([a.get_device.remote() for a in self.hosts])
+        # the host processes start in the background: nodes can be registered meanwhile (add_node queues until
+        # its host is up); the hosts are connected to each other before the first step (_connect)
+        self._devices: list[str] | None = None
         if node_factory is not None:
             self.register_all(node_factory)
+
+    @property
+    def devices(self) -> list[str]:
+        """The device of each host's nodes, in host order (waits for the hosts to be up)."""
+        self._connect()
+        return list(self._devices or [])
+
+    def _connect(self) -> None:
+        """Wait for the host actors and give each the others' handles (once)."""
+        if self._devices is not None:
+            return
+        import ray
+
+        handles = dict(enumerate(self.hosts))
+        ray.get([a.connect.remote(handles) for a in self.hosts], timeout=max(120.0, self.timeout_s))
+        self._devices = ray.get([a.get_device.remote() for a in self.hosts], timeout=max(120.0, self.timeout_s))
 
     def host_info(self) -> list[dict[str, Any]]:
         """Per host (in order): its Ray node id, the GPU ids Ray assigned it, its nodes' device, pid, node ids."""
@@ -326,6 +342,7 @@ class RayGossipBackend:
 
     def setup(self) -> None:
         """``setup()`` on every node (once, before ``k = 0``)."""
+        self._connect()
         self.wait_registered()
         self.call("setup")
 
@@ -337,6 +354,7 @@ class RayGossipBackend:
         """Load ``{node_id: state}`` into the nodes where they live (``k``, the states' iteration, is not needed)."""
         import ray
 
+        self._connect()
         per_host: dict[int, dict[int, Any]] = {}
         for i, st in states.items():
             per_host.setdefault(host_of(int(i), self.n_nodes, self.num_hosts), {})[int(i)] = st
@@ -352,6 +370,7 @@ class RayGossipBackend:
 
         check_int("k0", k0, minimum=0)
         check_int("k1", k1, minimum=k0)
+        self._connect()
         t0 = time.perf_counter()
         refs = {a.run_segment.remote(int(k0), int(k1), bool(debug_metrics)): h for h, a in enumerate(self.hosts)}
         results: dict[int, Any] = {}

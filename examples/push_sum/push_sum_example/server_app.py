@@ -56,6 +56,15 @@ def _spec(cfg: dict) -> tuple[dict, int, object]:
     return spec, int(spec["plan"].num_iters), evaluate
 
 
+def _ray_kwargs(cfg: dict) -> dict:
+    """Host actors; ``ray-address`` (run config, default empty): the Ray cluster every SuperNode joins on Flower's
+    deployment engine (``"auto"`` or ``"HOST:PORT"``; empty: ``RAY_ADDRESS``, or the simulation's own Ray)."""
+    kw = {"num_hosts": int(cfg["num-hosts"]), "num_gpus_per_host": float(cfg["num-gpus-per-host"])}
+    if str(cfg.get("ray-address", "")).strip():
+        kw["address"] = str(cfg["ray-address"]).strip()
+    return kw
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = dict(context.run_config)
@@ -64,8 +73,7 @@ def main(grid: Grid, context: Context) -> None:
         int(cfg["n-nodes"]), spec, num_iters=K, iters_per_round=int(cfg["iters-per-round"]),
         transport=str(cfg["transport"]), evaluate_fn=evaluate, out_dir=str(cfg["out-dir"]) or None,
         timeout_s=float(cfg["timeout-s"]),
-        backend_kwargs={"num_hosts": int(cfg["num-hosts"]), "num_gpus_per_host": float(cfg["num-gpus-per-host"])}
-        if cfg["transport"] == "ray" else None,
+        backend_kwargs=_ray_kwargs(cfg) if cfg["transport"] == "ray" else None,
     )
     strategy.start(grid)
     print("PUSH_SUM_DONE " + json.dumps({"history": strategy.history[-1], "timings": strategy.timings}))
