@@ -394,7 +394,7 @@ def _train_message(strategy, rnd: int = 1):
 def test_gau_lrq_client_reply_is_the_encoded_update_only(flwr_identity, method):
     """The mod's reply: the encoded update, its public metadata and the user's own metrics, untouched."""
     from flower_dp.clients.lrq_mod import META_KEY, PAYLOAD_KEY, make_gau_lrq_mod
-    from flower_dp.mechanisms import lrq
+    from flower_dp.mechanisms.gau_lrq_codec import lrq_public_range
     from flower_dp.strategies.gau_lrq import GauLRQ
 
     s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, method=method,
@@ -415,8 +415,8 @@ def test_gau_lrq_client_reply_is_the_encoded_update_only(flwr_identity, method):
                 assert {"gau-lrq.norm", "gau-lrq.clipped", "gau-lrq.linf"} <= set(user)
                 user = {k: v for k, v in user.items() if not k.startswith("gau-lrq.")}
             assert user == USER_METRICS  # nothing added (no partition-id either), nothing removed
-            if method == "qg":  # the bit width comes from the noised range (post-processing), not the clean max
-                assert meta["b"] == max(1, lrq.lrq_bits_fixed(meta["scale"], s.sigma(0)))
+            if method == "qg":  # the bit width is LRQ's public one, from sigma and S2 only, never from the data
+                assert meta["b"] == lrq_public_range(s.round_spec(0))[1]
 
 
 def test_gau_lrq_results_publish_no_client_statistics(flwr_identity, tmp_path):
