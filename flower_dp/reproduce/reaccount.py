@@ -15,7 +15,8 @@ dominating pair (:mod:`flower_dp.privacy.replace_one`):
   the gradient (``history[].noise_std``), split and charged as the calibration does (PrivSGP-VR's table:
   the GDP bound over its hidden draws, :data:`TABLE_REASON`).
 
-CLI: ``python -m flower_dp.reproduce.reaccount DIR [DIR ...]`` re-accounts and re-renders each folder.
+CLI: ``python -m flower_dp.reproduce.reaccount DIR [DIR ...] [--remade SWEEP_OUT ...]`` re-accounts and
+re-renders each folder (``--remade``: records of runs made again replace the old ones).
 """
 
 from __future__ import annotations
@@ -150,24 +151,52 @@ def reaccounted_line(records: list[dict[str, Any]]) -> str | None:
             "value as `eps_rigorous_before`.")
 
 
-def reaccount(out: str | Path, *, log=print):
-    """Re-account every record of the reproduction in ``out`` and re-render it (:func:`flower_dp.reproduce.rerender`)."""
+def reaccount(out: str | Path, *, remade: list[str | Path] = (), log=print):
+    """Re-account every record of the reproduction in ``out`` and re-render it (:func:`flower_dp.reproduce.rerender`).
+
+    ``remade``: folders of sweeps that made some of ``out``'s runs again (``flower-dp reproduce ... --runs PATTERNS
+    --out SRC``, e.g. runs whose calibration changed): their finished records replace those of the same run id,
+    as they stand; only the other records are re-accounted.
+    """
     from .. import results as rio
-    from . import rerender
+    from . import _revive, rerender
 
     meta = (rio.read_json(Path(out) / "records.json") or {}).get("meta", {})
     paper = meta.get("paper")
-    return rerender(out, transform=lambda recs: [reaccount_record(paper, r) for r in recs], log=log)
+    fresh: dict[str, dict[str, Any]] = {}
+    for src in remade:
+        doc = rio.read_json(Path(src) / "records.json") or {}
+        if doc.get("meta", {}).get("paper") != paper:
+            raise ValueError(f"{str(src)!r} holds no {paper!r} records.json; pass the --out folder of a sweep of it")
+        fresh.update({r["run_id"]: _revive(r) for r in doc.get("records", []) if r.get("status") == "finished"})
+
+    def transform(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out_records = []
+        for r in records:
+            if r.get("run_id") in fresh:
+                log(f"{r['run_id']}: the re-made run replaces the record")
+                out_records.append({**fresh[r["run_id"]], "config": r.get("config")})
+            else:
+                out_records.append(reaccount_record(paper, r))
+        return out_records
+
+    return rerender(out, transform=transform, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
-    dirs = sys.argv[1:] if argv is None else argv
-    if not dirs:
-        print("usage: python -m flower_dp.reproduce.reaccount DIR [DIR ...]  (reproduction folders with records.json)",
+    args = sys.argv[1:] if argv is None else list(argv)
+    remade: list[str] = []
+    while "--remade" in args:
+        i = args.index("--remade")
+        remade.append(args[i + 1])
+        del args[i:i + 2]
+    if not args:
+        print("usage: python -m flower_dp.reproduce.reaccount DIR [DIR ...] [--remade SWEEP_OUT ...]  (reproduction "
+              "folders with records.json; --remade: sweeps whose finished records replace the same run ids)",
               file=sys.stderr)
         return 2
-    for d in dirs:
-        reaccount(d)
+    for d in args:
+        reaccount(d, remade=remade)
     return 0
 
 
