@@ -400,6 +400,31 @@ def test_partpsp_table2_full_grid_and_its_aggregate_claims():
     assert claims["PEDFL: privacy costs accuracy (NoDP > b = 3)"].detail == "NoDP above b = 3 in 8 of 8 cells"
 
 
+@pytest.mark.parametrize("scale", ["smoke", "ci", "full"])
+def test_partpsp_each_algorithm_gets_its_mlp(scale):
+    """Every PartPSP table builds PartPSP-1 on the MLP with the code10 network (spec 4.3: every input passes the noisy
+    10-unit shared layer, which is l1 alone), and every other MLP run (PartPSP-2, SGPDP, SGP, PEDFL) with res784."""
+    from flower_dp.experiments import config_from_dict
+    from flower_dp.models import build_model, shared_parameter_names
+
+    paper = get_paper("partpsp")
+    seen = set()
+    for table in paper.tables:
+        for s in paper.build_runs(scale, table, [0]):
+            model = config_from_dict(s.config).to_dict()["model"]
+            if model["name"] != "partpsp_mlp":
+                continue
+            m = build_model(model["name"], **{k: v for k, v in model.items() if k != "name"})
+            alg = s.config["algorithm"]
+            split = alg["params"].get("split", "partpsp1") if alg["name"] == "partpsp" else "all"
+            want = "code10" if split == "partpsp1" else "res784"
+            assert m.structure == want, (table, s.run_id, m.structure)
+            if split == "partpsp1":
+                assert shared_parameter_names(m, split) == ["l1.weight", "l1.bias"]
+            seen.add((table, want))
+    assert {t for t, w in seen if w == "code10"} == set(paper.tables)
+
+
 def test_partpsp_fig2_diag_builds_runs_and_answers_at_smoke(tmp_path):
     """``fig2-diag`` (issue 15): table2's Fig. 2 runs with the reset-round floor off and on.  Whatever the draws:
     with the floor no reset round is below the real sensitivity (b); without it est/real >= C' there (a'); the

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._common import pushsum_spec
+
 PAPER_T2_COLS = ("EXP", "4-Out", "6-Out", "8-Out")
 VARIANTS = {"PartPSP-1": ("partpsp", "partpsp1"), "PartPSP-2": ("partpsp", "partpsp2"), "SGPDP": ("sgpdp", "all"),
             "PEDFL": ("pedfl", "all")}
@@ -36,6 +38,28 @@ def _params(split_alg: str, split: str, **kw) -> dict[str, Any]:
         p["split"] = split
     p.update(kw)
     return p
+
+
+#: the MLP structure each split runs on (spec 4.3): PartPSP-1's shared layer is the 10-unit code every input goes
+#: through ("code10"); PartPSP-2 and the fully shared model (SGPDP, SGP, PEDFL) are the 784-d residual network
+#: ("res784", the model's default, left out of their configs so that those stay as they are)
+MLP_STRUCTURE = {"partpsp1": "code10"}
+
+
+def model_kwargs(model: str, algorithm: str, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``[model]`` keyword arguments of a PartPSP-family run: ``{"structure": "code10"}`` for PartPSP-1 on the
+    MLP (its noisy shared layer then sits in every input's path), None for every other run."""
+    split = params.get("split", "partpsp1") if algorithm == "partpsp" else "all"
+    if model == "partpsp_mlp" and split in MLP_STRUCTURE:
+        return {"structure": MLP_STRUCTURE[split]}
+    return None
+
+
+def partpsp_spec(run_id: str, labels: dict[str, Any], *, model: str, algorithm: str, params: dict[str, Any],
+                 **kw: Any):
+    """:func:`pushsum_spec` for a PartPSP-family run, on the network its split runs on (:func:`model_kwargs`)."""
+    return pushsum_spec(run_id, labels, model=model, algorithm=algorithm, params=params,
+                        model_kwargs=model_kwargs(model, algorithm, params), **kw)
 
 
 def _ras(rec) -> float:

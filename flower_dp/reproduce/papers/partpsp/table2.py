@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ...core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from .._common import md_table, ordering_claim_detail, plot_curves, pushsum_spec, style
-from ._shared import _MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params
+from .._common import md_table, ordering_claim_detail, plot_curves, style
+from ._shared import (_MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params,
+                      partpsp_spec)
 
 #: Table 2 (%, spec 7.1), columns EXP / 4-Out / 6-Out / 8-Out; MNIST/MLP and Fashion-MNIST/ResNet-18 (ViT: no model)
 PAPER_T2 = {
@@ -68,7 +69,7 @@ def _build_table2(scale: str, table: str, seeds: list[int]):
                         params = {k: v for k, v in _params(alg, split, **extra).items() if k in param_names(alg)}
                         # the ci runs keep their original ids (MLP, one graph); the full grid names every cell
                         cell = "" if (mname, topo_label) == ("MLP", s["t2_topos"][0]) else f"-{mname}-{topo_label}"
-                        specs.append(pushsum_spec(
+                        specs.append(partpsp_spec(
                             f"table2-{label}-{tag}{cell}", {"figure": "table2", "algorithm": label, "b": tag,
                                                             "model": mname, "topology": topo_label},
                             seed=seed, num_iters=s["rounds"], eval_every=s["eval_every"], topology=topo,
@@ -94,7 +95,7 @@ def fig2_spec(scale: str, seed: int, mname: str, topo_label: str, label: str, *,
         c_prime, lam, lr = FIG2_RESNET[label]
         extra = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": T2_MODELS[mname]["model"]}
     cell = "" if (mname, topo_label) == ("MLP", "EXP") else f"-{mname}-{topo_label}"
-    return pushsum_spec(
+    return partpsp_spec(
         run_id or f"fig2-{label}-esti{cell}",
         labels or {"figure": "fig2", "algorithm": label, "b": "b5", "model": mname, "topology": topo_label},
         seed=seed, num_iters=s["fig2_rounds"], eval_every=1, topology=topo, topology_kwargs=kw, algorithm=alg,

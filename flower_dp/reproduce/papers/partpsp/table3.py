@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import Claim, Table, acc_pm, group_records, new_axes, pick, savefig
-from .._common import md_table, ordering_claim_detail, plot_curves, pushsum_spec
-from ._shared import SETTINGS, T2_MODELS, VARIANTS, _differences_table2, _params
+from .._common import md_table, ordering_claim_detail, plot_curves
+from ._shared import SETTINGS, T2_MODELS, VARIANTS, _differences_table2, _params, partpsp_spec
 
 PAPER_T3 = {  # Table 3 (%), b = 5: (2-Out, EXP) per model (MLP: MNIST; ResNet-18: Fashion-MNIST)
     "MLP": {("Real", "PartPSP-1"): (88.50, 89.50), ("Real", "PartPSP-2"): (60.53, 61.14),
@@ -41,7 +41,7 @@ def _build_table3(scale: str, seeds: list[int]):
                     for sens in ("Real", "Esti"):
                         extra = {"sensitivity": "real"} if sens == "Real" else {
                             "sensitivity": "estimate", "c_prime": c_prime, "lam": lam, "measure_real": True}
-                        specs.append(pushsum_spec(
+                        specs.append(partpsp_spec(
                             f"table3-{label}-{sens}-{topo_label}{suffix}",
                             {"figure": "table3", "algorithm": label, "sensitivity": sens, "topology": topo_label,
                              "model": mname},

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import Claim, Table, fmt, group_records, new_axes, savefig
-from .._common import md_table, pushsum_spec, style
-from ._shared import PAPER_ROUNDS, SETTINGS, _differences_table2, _params
+from .._common import md_table, style
+from ._shared import PAPER_ROUNDS, SETTINGS, _differences_table2, _params, partpsp_spec
 
 #: Table 4 (b = 3, 1 Gbps per node): time (s) and accuracy (%) on MNIST/MLP and the ResNet-18 columns (spec 7.5)
 T4_TOPOS = {"EXP": ("exp_one_peer", {}), "4-Out": ("d_out", {"deg": 4}), "6-Out": ("d_out", {"deg": 6}),
@@ -31,7 +31,7 @@ def _build_table4(scale: str, seeds: list[int]):
         for topo_label, (topo, kw) in topos.items():
             for label, (alg, split, b) in T4_ALGS.items():
                 extra = {"b": b, "sensitivity": "real"} if b else {"gamma_n": 0.0, "sensitivity": "real"}
-                specs.append(pushsum_spec(
+                specs.append(partpsp_spec(
                     f"table4-{label}-{topo_label}", {"figure": "table4", "algorithm": label, "topology": topo_label},
                     seed=seed, num_iters=s["rounds"], eval_every=s["eval_every"], n_nodes=s["n"], model="partpsp_mlp",
                     dataset="fashion_mnist", samples_per_node=s["samples_per_node"], test_samples=s["test_samples"],
