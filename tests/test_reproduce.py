@@ -237,13 +237,36 @@ def test_index_lists_every_reproduction_with_its_claims(tmp_path):
     d.mkdir()
     meta = {"paper": "dp-csgp", "table": "fig1-2", "scale": "ci", "command": "flower-dp reproduce dp-csgp",
             "compute_time_s": 60.0, "cpu_time_s": 30.0}  # reproduce() records the sums of the runs' times
-    write_json(d / "claims.json", {"meta": meta, "claims": [{"name": "a", "passed": True, "detail": ""},
-                                                             {"name": "b", "passed": False, "detail": ""},
-                                                             {"name": "c", "passed": None, "detail": ""}]})
+    write_json(d / "claims.json", {"meta": meta, "claims": [
+        {"name": "a", "passed": True, "detail": "", "discriminates": True},
+        {"name": "b", "passed": False, "detail": "", "discriminates": None},
+        {"name": "c", "passed": None, "detail": ""},
+        {"name": "d", "passed": True, "detail": "", "discriminates": False}]})
     write_json(d / "records.json", {"meta": meta, "records": [{"wall_time_s": 60.0, "cpu_time_s": 30.0}]})
     text = write_index(tmp_path).read_text()
-    assert ("| dp-csgp | fig1-2 | ci | 1 | 1/2 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) | "
+    assert ("| dp-csgp | fig1-2 | ci | 1 | 1/3 | 1 | 1/4 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) | "
             "`flower-dp reproduce dp-csgp` |") in text
+
+
+def test_claim_discriminates_against_the_seed_spread():
+    """A claim discriminates when its cells' means differ by more than twice the largest seed std; one that holds with
+    equal cells is "holds, not discriminating"; one seed or no cells cannot tell."""
+    from flower_dp.reproduce.core import Claim, cells_of, pooled_seed_values, seed_means
+
+    far = Claim("a > b", True, "", cells=(("a", (0.80, 0.81)), ("b", (0.70, 0.71))))
+    assert far.discriminates() is True and far.verdict() == "**reproduced**"
+    assert far.discrimination().startswith("yes: gap 0.100 = 14.1 x the largest seed std 0.007")
+    flat = Claim("a > b", True, "", cells=(("a", (0.720, 0.722)), ("b", (0.719, 0.721))))
+    assert flat.discriminates() is False and flat.verdict() == "holds, not discriminating"
+    assert Claim("a > b", False, "", cells=flat.cells).verdict() == "**not reproduced**"
+    one = Claim("a > b", True, "", cells=(("a", (0.8,)), ("b", (0.7,))))
+    assert one.discriminates() is None and one.discrimination().startswith("n/a (one seed")
+    assert Claim("bound", True, "").discrimination() == "n/a (compares no cells)"
+    g = {"records": [{"seed": 0, "final_acc": 0.5}, {"seed": 1, "final_acc": 0.7}]}
+    h = {"records": [{"seed": 0, "final_acc": 0.7}, {"seed": 1, "final_acc": 0.9}]}
+    assert cells_of(("g", g), ("none", None)) == (("g", (0.5, 0.7)),)
+    assert pooled_seed_values([g, h]) == pytest.approx((0.6, 0.8))
+    assert seed_means(g["records"] + h["records"]) == pytest.approx((0.6, 0.8))
 
 
 # ------------------------------------------------------------------------------------ added tables

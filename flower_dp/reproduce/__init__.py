@@ -28,10 +28,12 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import results as rio
 from ..errors import ConfigError
-from .core import (BACKENDS, SCALES, Claim, Paper, RunSpec, cpu_feasible, estimate_cpu_hours, group_records,
-                   machine_string, plot_learning_curves, run_sweep, settings_scale)
+from .core import (BACKENDS, DISCRIMINATION_FACTOR, SCALES, Claim, Paper, RunSpec, cpu_feasible, estimate_cpu_hours,
+                   fmt, group_records, machine_string, plot_learning_curves, run_sweep, seed_values, settings_scale)
 
 __all__ = ["PAPERS", "reproduce", "rerender", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
 
@@ -352,7 +354,8 @@ def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_p
     meta["compute_time_s"] = _finite_sum(r.get("wall_time_s") for r in records)
     meta["cpu_time_s"] = _finite_sum(r.get("cpu_time_s") for r in records)
     rio.write_json(out_path / "claims.json", {"meta": meta, "claims": [
-        {"name": c.name, "passed": c.passed, "detail": c.detail} for c in claims]})
+        {"name": c.name, "passed": c.passed, "detail": c.detail, "discriminates": c.discriminates(),
+         "discrimination": c.discrimination()} for c in claims]})
     report = _report_md(p, meta, records, claims, tables_md, plots)
     rio.atomic_write_bytes(out_path / "report.md", report.encode())
     for c in claims:
@@ -360,6 +363,18 @@ def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_p
         log(f"  [{state}] {c.name}: {c.detail}")
     log(f"report: {out_path / 'report.md'}")
     return Reproduction(meta["paper"], table, scale, records, claims, out_path / "report.md", wall)
+
+
+def table_spread(records: list[dict[str, Any]]) -> str | None:
+    """The report's line on how far the table's cells (records grouped over seeds) differ at all: the range of their
+    mean final accuracies against the largest seed std of a cell; None for fewer than two cells."""
+    whole = Claim("all cells", None, "", cells=tuple((str(i), seed_values(g)) for i, g in
+                                                     enumerate(group_records(records))))
+    means = [float(np.mean(v)) for _, v in whole.cells if v]
+    if len(means) < 2:
+        return None
+    return (f"Across the {len(means)} cells of this table (seeds grouped), the mean final accuracy spans "
+            f"{fmt(min(means))} to {fmt(max(means))}; discriminates? {whole.discrimination()}.")
 
 
 def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[str], plots: list[str]) -> str:
@@ -406,10 +421,17 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
     if meta.get("rerendered"):
         lines += ["Re-rendered from `records.json` (`flower-dp reproduce PAPER --rerender`): no run was repeated.", ""]
     lines += tables_md
-    lines += ["", "## Claims", "", "| claim | verdict | our numbers |", "|---|---|---|"]
+    lines += ["", "## Claims", "",
+              f"Discriminates? A claim comparing cells discriminates when the range of the cells' means exceeds "
+              f"{DISCRIMINATION_FACTOR:g} x the largest seed std of a cell (the quantity the claim compares); one that "
+              "holds while its cells are equal within that spread is \"holds, not discriminating\" (the index counts "
+              "it apart). One seed: no spread, so not told.", "",
+              "| claim | verdict | our numbers | discriminates? |", "|---|---|---|---|"]
     for c in claims:
-        verdict = {True: "**reproduced**", False: "**not reproduced**", None: "not checkable at this scale"}[c.passed]
-        lines.append(f"| {c.name} | {verdict} | {c.detail} |")
+        lines.append(f"| {c.name} | {c.verdict()} | {c.detail} | {c.discrimination()} |")
+    spread = table_spread(records)
+    if spread:
+        lines += ["", spread]
     lines += ["", "## Why our numbers differ from the paper's", ""]
     lines += [f"- {d}" for d in p.differences(meta["table"], settings_scale(meta["scale"]))]
     if p.findings is not None:

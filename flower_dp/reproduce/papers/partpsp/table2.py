@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from .._common import md_table, ordering_claim_detail, plot_curves, style
+from ...core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, pick, pooled_seed_values, savefig
+from .._common import md_table, ordering_claim, ordering_claim_detail, plot_curves, style
 from ._shared import (_MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params,
                       partpsp_spec)
 
@@ -161,8 +161,7 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
         where = f"b = {tag[1:]}, {topo}" + ("" if model == "MLP" else f", {model}")
         for (na, ga), (nb, gb) in ((("PartPSP-1", p1), ("PartPSP-2", p2)), (("PartPSP-2", p2), ("SGPDP", sg)),
                                    (("PartPSP-1", p1), ("SGPDP", sg))):
-            ok, detail = ordering_claim_detail(na, ga, nb, gb)
-            claims.append(Claim(f"{na} > {nb} ({where})", ok, detail))
+            claims.append(ordering_claim(f"{na} > {nb} ({where})", na, ga, nb, gb))
     else:  # the paper's aggregate claims over the whole grid (spec 7.1)
         best, total = 0, 0
         for model, topo in cells:
@@ -172,18 +171,20 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
                 if len(gs) == len(s["variants"]):
                     total += 1
                     best += max(gs, key=lambda g: g["final_acc"])["algorithm"] == "PartPSP-1"
+        private = {a: [g for g in groups if g.get("figure") == "table2" and g["algorithm"] == a and g["b"] in tags]
+                   for a in s["variants"]}
+        mean_cells = tuple((a, pooled_seed_values(gs)) for a, gs in private.items())
         claims.append(Claim("PartPSP-1 is the best private method in most cells (paper: 33 of 36)",
-                            bool(total and best > total / 2), f"{best} of {total} cells"))
+                            bool(total and best > total / 2), f"{best} of {total} cells", cells=mean_cells))
         means = {}
         for a in s["variants"]:
-            accs = [g["final_acc"] for g in groups if g.get("figure") == "table2" and g["algorithm"] == a
-                    and g["b"] in tags]
+            accs = [g["final_acc"] for g in private[a]]
             means[a] = sum(accs) / len(accs) if accs else float("nan")
         order = [a for a in ("PartPSP-1", "PartPSP-2", "SGPDP", "PEDFL") if a in means]
         claims.append(Claim("mean private accuracy PartPSP-1 > PartPSP-2 > SGPDP" + (" > PEDFL" if "PEDFL" in means else "")
                             + " (paper: 67.2 > 47.3 > 41.7 > 38.2 %)",
                             all(means[x] > means[y] for x, y in zip(order, order[1:])),
-                            ", ".join(f"{a} {fmt(means[a])}" for a in order)))
+                            ", ".join(f"{a} {fmt(means[a])}" for a in order), cells=mean_cells))
     for label in s["variants"]:
         pairs = [(pick(groups, figure="table2", model=m, topology=t, algorithm=label, b="NoDP"),
                   pick(groups, figure="table2", model=m, topology=t, algorithm=label, b=tags[-1])) for m, t in cells]
@@ -193,7 +194,9 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
         else:
             wins = sum(a["final_acc"] > b["final_acc"] for a, b in pairs)
             ok, detail = (bool(pairs) and wins == len(pairs)), f"NoDP above b = {tags[-1][1:]} in {wins} of {len(pairs)} cells"
-        claims.append(Claim(f"{label}: privacy costs accuracy (NoDP > b = {tags[-1][1:]})", ok, detail))
+        claims.append(Claim(f"{label}: privacy costs accuracy (NoDP > b = {tags[-1][1:]})", ok, detail,
+                            cells=(("NoDP", pooled_seed_values(a for a, _ in pairs)),
+                                   (f"b = {tags[-1][1:]}", pooled_seed_values(b for _, b in pairs)))))
     for r in records:
         if r["labels"].get("figure") != "fig2":
             continue
