@@ -248,6 +248,18 @@ def test_index_lists_every_reproduction_with_its_claims(tmp_path):
             "`flower-dp reproduce dp-csgp` |") in text
 
 
+def test_privsgp_vr_report_computes_why_vr_ties_at_fig9_noise():
+    """The Fig. 9 reports compute from the config what VR can remove: G^2 against d sigma^2 (issue 28)."""
+    from flower_dp.reproduce.papers.privsgp_vr._shared import differences, vr_variance_share
+
+    v = vr_variance_share("full")
+    assert v["d"] == 101_770 and v["noise"] == pytest.approx(1017.7) and v["share"] == pytest.approx(2.456e-4, rel=1e-3)
+    for table in ("headline", "fig9"):
+        assert "d sigma^2 = 101,770 x 0.01 = 1017.7" in differences(table, "full")[-1]
+        assert "0.025 % of the step's variance" in differences(table, "full")[-1]
+    assert not any("d sigma^2" in line for line in differences("fig10", "full"))
+
+
 def test_claim_discriminates_against_the_seed_spread():
     """A claim discriminates when its cells' means differ by more than twice the largest seed std; one that holds with
     equal cells is "holds, not discriminating"; one seed or no cells cannot tell."""
