@@ -460,6 +460,20 @@ def test_partpsp_each_algorithm_gets_its_mlp(scale):
     assert {t for t, w in seen if w == "code10"} == set(paper.tables)
 
 
+def test_partpsp_table2_lists_the_authors_code_with_our_lines():
+    """Each difference from the authors' code names our file:line, and that line holds what the entry says."""
+    from pathlib import Path
+
+    from flower_dp.reproduce.papers.partpsp._shared import AUTHORS_DIFFS, _differences_table2
+
+    root = Path(__file__).resolve().parents[1]
+    for what, _, _, (path, line, text), _ in AUTHORS_DIFFS:
+        assert text in (root / path).read_text().splitlines()[line - 1], (what, path, line)
+    lines = _differences_table2("table2", "full")
+    assert sum(x.startswith("Authors' code (WearTheClo/PartPSP") for x in lines) == len(AUTHORS_DIFFS)
+    assert not any(x.startswith("Authors' code") for x in _differences_table2("table3", "full"))
+
+
 def test_partpsp_fig2_diag_builds_runs_and_answers_at_smoke(tmp_path):
     """``fig2-diag`` (issue 15): table2's Fig. 2 runs with the reset-round floor off and on.  Whatever the draws:
     with the floor no reset round is below the real sensitivity (b); without it est/real >= C' there (a'); the
