@@ -81,10 +81,13 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
      "bottleMLP.py:35-83)"),
     ("step decay", "not aligned",
      "fused_train.py:109-119: at the start of epochs 5 and 10 ((i + 1) % 5 == 0) noi_lr, ext_lr and cla_lr are "
-     "divided by 10 and the shared-part optimizer is re-created (its round counter and estimator restart)",
-     ("clients/dpps.py", 212, "pert = -p.lr * g"),
-     "gamma_s, gamma_l (clients/dpps.py:208) and gamma_n (:238) stay constant for all 720 rounds: the late epochs "
-     "run at 10-100x the authors' step and noise rate"),
+     "divided by 10 and the shared-part optimizer is re-created (its round counter and estimator restart, which at "
+     "rounds 240 and 540 coincide with a sync reset for periods 4 and 5 and with EXP's phase)",
+     ("clients/dpps.py", 228, "pert = -r * p.lr * g"),
+     "the tables leave the decay off (decay_at = (), clients/dpps.py:65), so gamma_s, gamma_l (:224) and gamma_n "
+     "(:255) stay constant for all 720 rounds and the late epochs run at 10-100x the authors' step and noise rate; "
+     "decay_at = (240, 540) is the authors' schedule, and it makes the last epochs' per-round eps b / gamma_n 10x "
+     "and 100x larger"),
     ("input scaling", "not aligned",
      "fused_train.py:52-54: MNIST through ToTensor only, inputs in [0, 1]",
      ("flower_dp/data.py", 212, "xt = (xt - torch.tensor(mean)"),
@@ -113,7 +116,7 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
     ("batches", "not aligned",
      "fused_train.py:75-77: DistributedSampler, a fixed shard of 1/N per node, batches of exactly 100 without "
      "replacement",
-     ("clients/dpps.py", 204, "idx = self.sample_poisson(k, B)"),
+     ("clients/dpps.py", 219, "idx = self.sample_poisson(k, B)"),
      "Poisson-sampled batches of expected size 100 from the node's shard"),
     ("initialisation", "same idea",
      "fused_run.py:22 (--pretrained defaults to True) and models/bottleMLP.py:89-91: one saved initialisation for "
