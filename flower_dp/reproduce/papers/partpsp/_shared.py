@@ -90,8 +90,9 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
      "and 100x larger"),
     ("input scaling", "not aligned",
      "fused_train.py:52-54: MNIST through ToTensor only, inputs in [0, 1]",
-     ("flower_dp/data.py", 212, "xt = (xt - torch.tensor(mean)"),
-     "inputs standardised per channel (mean 0, std 1), larger inputs to the first tanh layer"),
+     ("flower_dp/data.py", 218, "xt = (xt - torch.tensor(mean)"),
+     "inputs standardised per channel (mean 0, std 1; the tables keep data.scaling = \"standard\"), larger inputs "
+     "to the first tanh layer; data.scaling = \"unit\" gives the authors' [0, 1]"),
     ("evaluation", "not aligned",
      "fused_train.py:121-143 with tools/AveModelTest.py:23-36: the exact average of the shared part, each node's "
      "own head, the whole test set; the N accuracies averaged (e.all_reduce)",
