@@ -274,6 +274,10 @@ def test_claim_discriminates_against_the_seed_spread():
     one = Claim("a > b", True, "", cells=(("a", (0.8,)), ("b", (0.7,))))
     assert one.discriminates() is None and one.discrimination().startswith("n/a (one seed")
     assert Claim("bound", True, "").discrimination() == "n/a (compares no cells)"
+    steps = (("a", (0.80, 0.81)), ("b", (0.795, 0.805)), ("c", (0.10, 0.11)))
+    assert Claim("a > b > c", True, "", cells=steps).discriminates() is True  # the range: a vs c
+    chain = Claim("a > b > c", True, "", cells=steps, ordered=True)  # every step: a vs b is not resolved
+    assert chain.discriminates() is False and chain.discrimination().startswith("**no**: smallest step 0.005")
     g = {"records": [{"seed": 0, "final_acc": 0.5}, {"seed": 1, "final_acc": 0.7}]}
     h = {"records": [{"seed": 0, "final_acc": 0.7}, {"seed": 1, "final_acc": 0.9}]}
     assert cells_of(("g", g), ("none", None)) == (("g", (0.5, 0.7)),)

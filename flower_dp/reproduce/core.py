@@ -112,22 +112,28 @@ class Claim:
             sensitivity...); empty when the claim compares no cells (a bound, a property of each run).  They decide
             whether the claim discriminates (:meth:`discriminates`): a comparison that holds while its cells are equal
             within the seed spread holds only because nothing differs.
+    ordered : the claim orders its cells (A > B > C, in the order given): the gap that must exceed the spread is
+            the smallest between neighbours, since every step of the ordering has to be resolved; otherwise the range
+            of the cell means.
     """
 
     name: str
     passed: bool | None  # None = could not be checked at this scale
     detail: str
     cells: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    ordered: bool = False
 
     def _spread(self) -> tuple[float, float, int] | None:
-        """(range of the cell means, largest seed std of a cell (ddof 1), fewest seeds of a cell); None: < 2 cells."""
+        """(the gap between the cell means: their range, or for an ordered claim the smallest neighbour gap; the
+        largest seed std of a cell (ddof 1); the fewest seeds of a cell); None: fewer than two cells with values."""
         vals = [[float(v) for v in vs if v is not None and math.isfinite(float(v))] for _, vs in self.cells]
         vals = [v for v in vals if v]
         if len(vals) < 2:
             return None
         means = [sum(v) / len(v) for v in vals]
         stds = [float(np.std(v, ddof=1)) for v in vals if len(v) > 1]
-        return max(means) - min(means), max(stds) if stds else float("nan"), min(len(v) for v in vals)
+        gap = (min(abs(a - b) for a, b in zip(means, means[1:])) if self.ordered else max(means) - min(means))
+        return gap, max(stds) if stds else float("nan"), min(len(v) for v in vals)
 
     def discriminates(self) -> bool | None:
         """Whether the cells differ beyond the seed spread: the range of their means exceeds
@@ -148,7 +154,8 @@ class Claim:
         if n_min < 2:
             return f"n/a (one seed: no spread; gap between the cells {fmt(gap)})"
         ratio = gap / std if std > 0 else float("inf")
-        return (f"{'yes' if self.discriminates() else '**no**'}: gap {fmt(gap)} = {fmt(ratio, 1)} x the largest "
+        what = "smallest step" if self.ordered and len(self.cells) > 2 else "gap"
+        return (f"{'yes' if self.discriminates() else '**no**'}: {what} {fmt(gap)} = {fmt(ratio, 1)} x the largest "
                 f"seed std {fmt(std)} (needs > {DISCRIMINATION_FACTOR:g})")
 
     def verdict(self) -> str:

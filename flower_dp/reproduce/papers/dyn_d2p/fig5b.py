@@ -28,7 +28,7 @@ def _claims_fig5b(records) -> list[Claim]:
     curve_txt = ", ".join(f"n={g['n']}: {acc_pm(g)}" for g in gs)
     return [Claim("Fig. 5b: more nodes (J fixed) give higher accuracy",
                   all(a["final_acc"] < b["final_acc"] for a, b in zip(gs, gs[1:])), curve_txt,
-                  cells=cells_of(*((f"n={g['n']}", g) for g in gs)))]
+                  cells=cells_of(*((f"n={g['n']}", g) for g in gs)), ordered=True)]
 
 
 def _render_fig5b(records, scale: str, out: Path):

@@ -43,13 +43,14 @@ def _claims_fig3(records) -> list[Claim]:
         vals = [ras[(label, d)] for d in degs if (label, d) in ras]
         claims.append(Claim(f"RAS falls as the degree grows ({label})", all(a > b for a, b in zip(vals, vals[1:])),
                             ", ".join(f"d={d}: {fmt(v)}" for d, v in zip(degs, vals)),
-                            cells=tuple((f"d={d}", tuple(per_key[(label, d)])) for d in degs if (label, d) in per_key)))
+                            cells=tuple((f"d={d}", tuple(per_key[(label, d)])) for d in degs if (label, d) in per_key),
+                            ordered=True))
     for d in degs:
         vals = [ras.get((label, d), float("nan")) for label in FIG3_SPLITS]
         claims.append(Claim(f"sharing more layers gives a larger RAS (d = {d})", all(a < b for a, b in zip(vals, vals[1:])),
                             ", ".join(f"{label}: {fmt(v)}" for label, v in zip(FIG3_SPLITS, vals)),
                             cells=tuple((label, tuple(per_key[(label, d)])) for label in FIG3_SPLITS
-                                        if (label, d) in per_key)))
+                                        if (label, d) in per_key), ordered=True))
     return claims
 
 

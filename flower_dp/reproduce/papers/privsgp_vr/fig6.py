@@ -36,7 +36,7 @@ def _claims_speedup(records) -> list[Claim]:
     claims = [Claim("more nodes reach a lower test loss in the same K (sigma^2 = 0.01)",
                     all(a["final_loss"] > b["final_loss"] for a, b in zip(gs, gs[1:])),
                     ", ".join(f"n={g['n']}: loss {fmt(g['final_loss'])}" for g in gs),
-                    cells=cells_of(*((f"n={g['n']}", g) for g in gs), key="final_loss"))]
+                    cells=cells_of(*((f"n={g['n']}", g) for g in gs), key="final_loss"), ordered=True)]
     for a, b in zip(gs, gs[1:]):
         if b["n"] != 2 * a["n"]:
             continue

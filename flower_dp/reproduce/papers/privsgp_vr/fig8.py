@@ -43,7 +43,7 @@ def _claims_tradeoff(records) -> list[Claim]:
         accs = [g["final_acc"] for g in at_star]
         claims.append(Claim("the accuracy at K*(eps) increases with eps", all(a < b for a, b in zip(accs, accs[1:])),
                             ", ".join(f"eps {e:g}: {acc_pm(g)}" for e, g in zip(eps_grid, at_star)),
-                            cells=cells_of(*((f"eps {e:g}", g) for e, g in zip(eps_grid, at_star)))))
+                            cells=cells_of(*((f"eps {e:g}", g) for e, g in zip(eps_grid, at_star))), ordered=True))
     for e, star in zip(eps_grid, at_star):
         others = [pick(groups, eps=e, K_over_Kstar=r) for r in TRADEOFF_K if r != 1.0]
         if star and all(others):
