@@ -260,6 +260,20 @@ def test_privsgp_vr_report_computes_why_vr_ties_at_fig9_noise():
     assert not any("d sigma^2" in line for line in differences("fig10", "full"))
 
 
+def test_report_names_records_made_from_another_config():
+    """A record whose config_sha is not that of today's spec is stale (named in the report); one without a
+    config_sha (older than it) is not judged."""
+    from flower_dp.reproduce import _with_noise_mode, stale_records
+    from flower_dp.reproduce.core import config_sha
+
+    paper = get_paper("partpsp")
+    meta = {"scale": "smoke", "table": "table2", "seeds": 1, "noise": "secret"}
+    a, b, c = build_specs(paper, "smoke", "table2", 1)[:3]
+    recs = [{"run_id": a.run_id, "config_sha": config_sha(_with_noise_mode(a, False).config)},
+            {"run_id": b.run_id, "config_sha": "0" * 16}, {"run_id": c.run_id}]
+    assert stale_records(paper, meta, recs) == [b.run_id]
+
+
 def test_claim_discriminates_against_the_seed_spread():
     """A claim discriminates when its cells' means differ by more than twice the largest seed std; one that holds with
     equal cells is "holds, not discriminating"; one seed or no cells cannot tell."""

@@ -339,6 +339,20 @@ def _revive(obj: Any) -> Any:
     return obj
 
 
+def stale_records(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """Run ids of the records made from another config than the one the table builds today for them (their
+    ``config_sha`` differs; records without one, from before it existed, are not judged)."""
+    from .core import config_sha
+
+    try:
+        specs = build_specs(p, meta["scale"], meta["table"], int(meta.get("seeds", 1)))
+    except (ValueError, ConfigError):
+        return []
+    want = {s.run_id: config_sha(_with_noise_mode(s, meta.get("noise") == "reproducible").config) for s in specs}
+    return [r["run_id"] for r in records
+            if r.get("config_sha") and r.get("run_id") in want and r["config_sha"] != want[r["run_id"]]]
+
+
 def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_path: Path, wall: float,
             log) -> Reproduction:
     """Claims, tables, plots, summary.csv, claims.json and report.md of finished records."""
@@ -409,6 +423,11 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         *([caveat, ""] if (caveat := sampler_label(records)) else []),
         *([where, ""] if (where := device_label(records)) else []),
     ]
+    stale = stale_records(p, meta, records)
+    if stale:
+        lines += [f"**Stale records: {len(stale)} of the {len(records)} runs were made from another config than this "
+                  f"table builds today** ({', '.join(stale)}): their numbers are shown as they are; the command above "
+                  "runs them again (and only them).", ""]
     from .core import drew_float32_noise
 
     unproven = [r for r in records if r.get("eps_heuristic") is not None and not drew_float32_noise(r)]  # the caveat has those
