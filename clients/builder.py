@@ -138,8 +138,9 @@ def build_parts(config: Any, *, plan: Plan | None = None, test: bool = True) -> 
 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     seed, n, data = int(cfg["run"]["seed"]), int(cfg["topology"]["n_nodes"]), cfg["data"]
-    train = load_dataset(data["dataset"], train=True, root=data["root"])
-    test_set = load_dataset(data["dataset"], train=False, root=data["root"]) if test else None
+    scaling = data.get("scaling", "standard")
+    train = load_dataset(data["dataset"], train=True, root=data["root"], scaling=scaling)
+    test_set = load_dataset(data["dataset"], train=False, root=data["root"], scaling=scaling) if test else None
     parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
     if data["samples_per_node"]:
         parts = [p[: int(data["samples_per_node"])] for p in parts]

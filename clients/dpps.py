@@ -48,6 +48,9 @@ class PEDFLParams(SGPParams):
     gamma_n : noise scale factor (0 = no noise);  b : privacy parameter (eps_round = b / gamma_n)
     clip_l1 : L1 clip c of the shared gradient (inf = off);  sync_period : all-to-all average period (0 = off)
     delta : only for reporting a composed (eps, delta) of the heuristic Laplace releases
+    decay_at, decay_factor : step decay: from each round k in ``decay_at`` on, gamma_s, gamma_l and gamma_n are
+        divided by ``decay_factor`` once more (the authors' code: / 10 at the start of epochs 5 and 10; () = off).
+        A smaller gamma_n raises the per-round eps b / gamma_n, and the accounting follows the schedule.
     """
 
     lr: float = 0.1
@@ -59,9 +62,20 @@ class PEDFLParams(SGPParams):
     delta: float = 1e-5
     accountant: str = "auto"
     budget_epsilon: float | None = None
+    decay_at: tuple[int, ...] = ()
+    decay_factor: float = 10.0
+
+    def rate(self, k: int) -> float:
+        """The step-decay multiplier of round ``k`` on gamma_s, gamma_l and gamma_n (1.0 before the first decay)."""
+        return float(self.decay_factor) ** -sum(1 for d in self.decay_at if k >= d)
 
     def problems(self) -> list[str]:
         out = super().problems()
+        at = tuple(self.decay_at) if isinstance(self.decay_at, (tuple, list)) else None
+        if at is None or not all(isinstance(d, int) and d >= 1 for d in at) or list(at) != sorted(set(at)):
+            out.append(f"decay_at must be increasing rounds >= 1 (e.g. (240, 540); () = off), got {self.decay_at!r}")
+        if not (isinstance(self.decay_factor, (int, float)) and self.decay_factor > 0):
+            out.append(f"decay_factor must be > 0, got {self.decay_factor!r}")
         if not (isinstance(self.gamma_n, (int, float)) and self.gamma_n >= 0):
             out.append(f"gamma_n must be >= 0, got {self.gamma_n!r}")
         if not (isinstance(self.b, (int, float)) and self.b > 0):
@@ -117,16 +131,17 @@ def _laplace_plan(name: str, p: PEDFLParams, *, n_nodes, samples_per_node, num_i
     private = p.gamma_n > 0
     notes = ["DPPS-family privacy is HEURISTIC: the sensitivity is estimated (or an oracle) and published in "
              "the clear; eps is per node-message, not record-level (COMMON.md 4)"]
+    gamma = float(p.gamma_n) * np.array([p.rate(k) for k in range(K)])  # noise rate per round (step decay)
     if private:
-        acc = dpps_accounting(p.b, np.full(K, float(p.gamma_n)), p.delta, accountant=p.accountant)
-        eps_r, eps_p = acc.eps_composed, float(acc.eps_round_paper[0])  # eps_r: reported as eps_heuristic
+        acc = dpps_accounting(p.b, gamma, p.delta, accountant=p.accountant)
+        eps_r, eps_p = acc.eps_composed, float(acc.eps_round_paper.max())  # eps_r: reported as eps_heuristic
         notes.append(f"paper eps is per round (b/gamma_n = {eps_p:.4g}); basic composition over K: {acc.eps_basic:.4g}")
     else:
         eps_r = eps_p = math.inf
     return Plan(
         algorithm=name, params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=K, dim=dim,
         seed=seed, q=(1.0,) * n_nodes, clip=(np.full(K, float(p.clip_l1)),) * n_nodes,
-        noise_std=(np.zeros(K),) * n_nodes, nu=(np.full(K, p.gamma_n / p.b if private else np.inf),) * n_nodes,
+        noise_std=(np.zeros(K),) * n_nodes, nu=(gamma / p.b if private else np.full(K, np.inf),) * n_nodes,
         eps_rigorous=(None,) * n_nodes, eps_heuristic=(float(eps_r),) * n_nodes, eps_paper=(float(eps_p),) * n_nodes,
         delta=p.delta,
         accountant=p.accountant, heuristic=True, private=private, warnings=tuple(notes),
@@ -203,13 +218,14 @@ class DPPSNode(PushSumNode):
         B = p.batch_size
         idx = self.sample_poisson(k, B)
         z = self.z()
+        r = p.rate(k)                                                       # step decay (1.0 when off)
         if self.local_idx.numel():                                          # Alg. 2 step 2, eq. (23)
             g_full, _ = self.grad_mean(self._assemble(z, self.l), idx, B, math.inf, k)
-            self.l = self.l - p.lr_l * g_full[self.local_idx]
+            self.l = self.l - r * p.lr_l * g_full[self.local_idx]
         g_full, stats = self.grad_mean(self._assemble(z, self.l), idx, B, math.inf, k)   # step 3, same batch
         raw = g_full[self.shared_idx]
         g = _l1_clip(raw, float(self.plan.clip[self.node_id][k]))          # eq. (24)
-        pert = -p.lr * g                                                    # eq. (25)
+        pert = -r * p.lr * g                                                # eq. (25)
         self.x_half = self.x + pert                                         # eq. (7)
         self.check_finite_(self.x_half, "x_half", k)
         pert_l1 = float(pert.abs().sum())
@@ -218,7 +234,8 @@ class DPPSNode(PushSumNode):
             if p.reset_floor:                                               # spec 8.5 safe floor: equal s_i ->
                 self.S_i = max(self.S_i, 2 * pert_l1)                       # real <= 2 max_i ||eps_i||_1
         else:
-            self.S_i = p.lam * self.S_prev + 2 * p.c_prime * (pert_l1 + p.lam * p.gamma_n * self.L1_prev)
+            lam_noise = p.lam * p.gamma_n * p.rate(k - 1) * self.L1_prev    # lambda ||gamma_n n||_1, last round
+            self.S_i = p.lam * self.S_prev + 2 * p.c_prime * (pert_l1 + lam_noise)
         self._metrics = {**stats, "clip_fraction": float(float(raw.abs().sum()) > self.plan.clip[self.node_id][k]),
                          "sensitivity_own": self.S_i}
         out: dict[str, Contribution] = {}
@@ -235,10 +252,10 @@ class DPPSNode(PushSumNode):
         if p.gamma_n > 0:
             S = float(reduced["S_real"] if p.sensitivity == "real" else reduced["S"])
             n = self.release_laplace(k, self.x.numel(), S / p.b)                     # n ~ Lap(0, S/b), charged
-            x_noise = self.x_half + p.gamma_n * n                                      # eq. (8)
+            x_noise = self.x_half + p.gamma_n * p.rate(k) * n                         # eq. (8)
             self.L1_prev = float(n.abs().sum())
             self.S_prev = S if p.estimator_state == "network_max" else self.S_i
-            self._metrics.update(noise_scale=p.gamma_n * S / p.b, sensitivity_est=float(reduced["S"]))
+            self._metrics.update(noise_scale=p.gamma_n * p.rate(k) * S / p.b, sensitivity_est=float(reduced["S"]))
         if reduced is not None and "S_real" in reduced:
             self._metrics["sensitivity_real"] = float(reduced["S_real"])
         self._metrics["noise_std"] = math.sqrt(2) * self._metrics.get("noise_scale", 0.0)
@@ -266,11 +283,12 @@ class PEDFLNode(DPSGDNode):
         p, i = self.params, self.node_id
         idx = self.sample_poisson(k, p.batch_size)
         g, stats = self.grad_mean(self.x, idx, p.batch_size, math.inf, k)
-        self.pending = p.lr * _l1_clip(g, float(self.plan.clip[i][k]))
+        r = p.rate(k)                                                        # step decay (1.0 when off)
+        self.pending = r * p.lr * _l1_clip(g, float(self.plan.clip[i][k]))
         sent = self.x
         self._metrics = dict(stats)
         if p.gamma_n > 0:
             S = float(reduced["S_real"])
-            sent = self.x + p.gamma_n * self.release_laplace(k, self.x.numel(), S / p.b)
-            self._metrics.update(sensitivity_real=S, noise_std=math.sqrt(2) * p.gamma_n * S / p.b)
+            sent = self.x + r * p.gamma_n * self.release_laplace(k, self.x.numel(), S / p.b)
+            self._metrics.update(sensitivity_real=S, noise_std=math.sqrt(2) * r * p.gamma_n * S / p.b)
         return self.push_shares(k, {"x": sent}, None, FLOAT_BITS * sent.numel())

@@ -37,6 +37,7 @@ __all__ = [
     "DATASETS",
     "num_classes",
     "PARTITION_SCHEMES",
+    "SCALINGS",
     "PARTITION_BACKENDS",
     "FASHION_MNIST_DIR",
 ]
@@ -45,6 +46,9 @@ FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = ("fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic_fashion_mnist", "synthetic_mnist",
             "synthetic_cifar10", "synthetic_cifar100")
 PARTITION_SCHEMES = ("shuffle_split", "iid", "dirichlet")
+#: input scaling: "standard" (per channel to mean 0, std 1 over the training set) or "unit" (pixels / 255, in [0, 1],
+#: torchvision's ToTensor alone, as the DPPS authors' MNIST loader)
+SCALINGS = ("standard", "unit")
 PARTITION_BACKENDS = ("builtin", "flwr_datasets")
 _STATS = {  # per-channel mean/std of the training sets
     "fashion_mnist": ((0.2860,), (0.3530,)),
@@ -70,7 +74,7 @@ class ArrayDataset:
 
     Attributes
     ----------
-    x : Tensor, shape (N, C, H, W), float32, normalised per channel
+    x : Tensor, shape (N, C, H, W), float32, normalised per channel (``scaling="unit"``: in [0, 1])
     y : Tensor, shape (N,), int64 class labels in [0, num_classes)
     num_classes : int
     name : str
@@ -203,19 +207,21 @@ def _synthetic(base: str, train: bool, seed: int = 0) -> tuple[np.ndarray, np.nd
     return x, y
 
 
-def _to_dataset(x: np.ndarray, y: np.ndarray, base: str, name: str, synthetic: bool) -> ArrayDataset:
+def _to_dataset(x: np.ndarray, y: np.ndarray, base: str, name: str, synthetic: bool,
+                scaling: str = "standard") -> ArrayDataset:
     xt = torch.from_numpy(np.array(x, dtype=np.float32)) / 255.0
     if xt.ndim == 3:
         xt = xt.unsqueeze(1)
     elif xt.ndim == 4 and xt.shape[-1] == 3:
         xt = xt.permute(0, 3, 1, 2).contiguous()
-    mean, std = _STATS[base]
-    xt = (xt - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
+    if scaling == "standard":
+        mean, std = _STATS[base]
+        xt = (xt - torch.tensor(mean).view(-1, 1, 1)) / torch.tensor(std).view(-1, 1, 1)
     return ArrayDataset(xt, torch.from_numpy(np.array(y, dtype=np.int64)), _CLASSES[base], name, synthetic)
 
 
 @functools.lru_cache(maxsize=8)
-def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> ArrayDataset:
+def load_dataset(name: str, *, train: bool = True, root: str | None = None, scaling: str = "standard") -> ArrayDataset:
     """Load a dataset by name.
 
     Parameters
@@ -226,14 +232,17 @@ def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> A
         Training split (60,000 / 50,000 samples) or test split (10,000).
     root : str, optional
         Folder holding the IDX files (or a torchvision root).
+    scaling : str
+        ``"standard"`` (per channel to mean 0, std 1) or ``"unit"`` (pixels / 255, in [0, 1]); see :data:`SCALINGS`.
 
     The result is cached per process (many nodes load the same data); treat it as read-only.
     """
     check_choice("dataset", name, DATASETS)
+    check_choice("scaling", scaling, SCALINGS)
     if name.startswith("synthetic_"):
         base = name[len("synthetic_") :]
         x, y = _synthetic(base, train)
-        return _to_dataset(x, y, base, name, synthetic=True)
+        return _to_dataset(x, y, base, name, synthetic=True, scaling=scaling)
     if name in ("cifar10", "cifar100"):
         arrays, reason = _torchvision(name, train, root)
         if arrays is None:
@@ -243,9 +252,9 @@ def load_dataset(name: str, *, train: bool = True, root: str | None = None) -> A
                 f"FLOWER_DP_DATA to) a torchvision root that already holds {folder}/, or ask for "
                 f"'synthetic_{name}' for a clearly labelled stand-in"
             )
-        return _to_dataset(*arrays, name, name, synthetic=False)
+        return _to_dataset(*arrays, name, name, synthetic=False, scaling=scaling)
     x, y = _load_mnist_like(name, train, root)
-    return _to_dataset(x, y, name, name, synthetic=False)
+    return _to_dataset(x, y, name, name, synthetic=False, scaling=scaling)
 
 
 def partition(

@@ -223,6 +223,35 @@ def test_reset_floor_is_validated_and_off_by_default():
     assert any("reset_floor must be True or False, got 'yes'" in p for p in DPPSParams(reset_floor="yes").problems())
 
 
+def test_step_decay_scales_steps_noise_and_the_accounting():
+    """decay_at (the authors' fused_train.py schedule): from each listed round on, gamma_s, gamma_l and gamma_n are
+    divided by decay_factor once more; the plan charges the decayed gamma_n (nu = gamma_n(t) / b) and eps_paper is
+    the largest per-round b / gamma_n(t)."""
+    from flower_dp.clients.dpps import DPPSParams
+
+    p = DPPSParams(decay_at=(2, 4))
+    assert [p.rate(k) for k in range(6)] == pytest.approx([1, 1, 0.1, 0.1, 0.01, 0.01])
+    assert DPPSParams().rate(10**6) == 1.0
+    assert any("decay_at must be increasing rounds >= 1" in x for x in DPPSParams(decay_at=(4, 2)).problems())
+    assert any("decay_factor must be > 0" in x for x in DPPSParams(decay_factor=0).problems())
+    params = dict(MLP, measure_real=False, lr_l=0.0)
+    _, on = mlp_nodes("partpsp1", dict(params, decay_at=(1,)), K=3)
+    _, off = mlp_nodes("partpsp1", params, K=3)
+    for k, r in ((0, 1.0), (1, 0.1)):  # the same batch and state: the shared step shrinks by exactly r
+        on[0].contribute(k)
+        off[0].contribute(k)
+        ratio = (on[0].x_half - on[0].x).abs().sum() / (off[0].x_half - off[0].x).abs().sum()
+        assert float(ratio) == pytest.approx(r, rel=1e-5), k
+    assert on[0].plan.nu[0] == pytest.approx([2e-4, 2e-5, 2e-5])
+    assert on[0].plan.eps_paper[0] == pytest.approx(5.0 / 1e-4) and off[0].plan.eps_paper[0] == pytest.approx(5e3)
+    assert on[0].plan.eps_heuristic[0] > off[0].plan.eps_heuristic[0]
+    topo, nodes = mlp_nodes("partpsp1", dict(MLP, sensitivity="real", decay_at=(2,)), K=4)
+    for k in range(4):
+        log = run_iteration(nodes, k, receivers=topo.out_neighbors)
+        want = 1e-3 * (1.0 if k < 2 else 0.1) * log.reduced["S_real"] / 5.0
+        assert nodes[2].last_metrics()["noise_scale"] == pytest.approx(want), k
+
+
 @lru_cache(maxsize=1)
 def _floor_nodes():
     return mlp_nodes("partpsp1", dict(MLP, reset_floor=True), K=6)

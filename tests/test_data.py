@@ -23,6 +23,24 @@ def test_fashion_mnist_offline_sizes_and_normalisation():
     assert np.bincount(train.y.numpy()).tolist() == [6000] * 10
 
 
+def test_unit_scaling_keeps_pixels_in_0_1_and_is_a_config_key():
+    """scaling="unit" is pixels / 255 (ToTensor alone, the DPPS authors' loader); "standard" is the same data
+    standardised; the experiment config takes it as data.scaling and refuses other values."""
+    from flower_dp.errors import ConfigError
+    from flower_dp.experiments import config_from_dict
+
+    unit = load_dataset("synthetic_fashion_mnist", train=False, scaling="unit")
+    std = load_dataset("synthetic_fashion_mnist", train=False)
+    assert float(unit.x.min()) >= 0.0 and float(unit.x.max()) <= 1.0 and (unit.y == std.y).all()
+    assert np.allclose(((unit.x - 0.2860) / 0.3530).numpy(), std.x.numpy(), atol=1e-5)
+    assert config_from_dict({"data": {"scaling": "unit"}}).data["scaling"] == "unit"
+    assert config_from_dict({}).data["scaling"] == "standard"
+    with pytest.raises(ConfigError, match="data.scaling must be 'standard' or 'unit', got 'minmax'"):
+        config_from_dict({"data": {"scaling": "minmax"}})
+    with pytest.raises(ValueError, match="scaling"):
+        load_dataset("synthetic_fashion_mnist", scaling="minmax")
+
+
 def test_fashion_mnist_from_torchvision_style_root(tmp_path):
     """IDX files under <root>/FashionMNIST/raw are found (gzip or not)."""
     import gzip

@@ -237,13 +237,66 @@ def test_index_lists_every_reproduction_with_its_claims(tmp_path):
     d.mkdir()
     meta = {"paper": "dp-csgp", "table": "fig1-2", "scale": "ci", "command": "flower-dp reproduce dp-csgp",
             "compute_time_s": 60.0, "cpu_time_s": 30.0}  # reproduce() records the sums of the runs' times
-    write_json(d / "claims.json", {"meta": meta, "claims": [{"name": "a", "passed": True, "detail": ""},
-                                                             {"name": "b", "passed": False, "detail": ""},
-                                                             {"name": "c", "passed": None, "detail": ""}]})
+    write_json(d / "claims.json", {"meta": meta, "claims": [
+        {"name": "a", "passed": True, "detail": "", "discriminates": True},
+        {"name": "b", "passed": False, "detail": "", "discriminates": None},
+        {"name": "c", "passed": None, "detail": ""},
+        {"name": "d", "passed": True, "detail": "", "discriminates": False}]})
     write_json(d / "records.json", {"meta": meta, "records": [{"wall_time_s": 60.0, "cpu_time_s": 30.0}]})
     text = write_index(tmp_path).read_text()
-    assert ("| dp-csgp | fig1-2 | ci | 1 | 1/2 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) | "
+    assert ("| dp-csgp | fig1-2 | ci | 1 | 1/3 | 1 | 1/4 | 1.0 | 0.5 | [dp-csgp/report.md](dp-csgp/report.md) | "
             "`flower-dp reproduce dp-csgp` |") in text
+
+
+def test_privsgp_vr_report_computes_why_vr_ties_at_fig9_noise():
+    """The Fig. 9 reports compute from the config what VR can remove: G^2 against d sigma^2 (issue 28)."""
+    from flower_dp.reproduce.papers.privsgp_vr._shared import differences, vr_variance_share
+
+    v = vr_variance_share("full")
+    assert v["d"] == 101_770 and v["noise"] == pytest.approx(1017.7) and v["share"] == pytest.approx(2.456e-4, rel=1e-3)
+    for table in ("headline", "fig9"):
+        assert "d sigma^2 = 101,770 x 0.01 = 1017.7" in differences(table, "full")[-1]
+        assert "0.025 % of the step's variance" in differences(table, "full")[-1]
+    assert not any("d sigma^2" in line for line in differences("fig10", "full"))
+
+
+def test_report_names_records_made_from_another_config():
+    """A record whose config_sha is not that of today's spec is stale (named in the report); one without a
+    config_sha (older than it) is not judged."""
+    from flower_dp.reproduce import _with_noise_mode, stale_records
+    from flower_dp.reproduce.core import config_sha
+
+    paper = get_paper("partpsp")
+    meta = {"scale": "smoke", "table": "table2", "seeds": 1, "noise": "secret"}
+    a, b, c = build_specs(paper, "smoke", "table2", 1)[:3]
+    recs = [{"run_id": a.run_id, "config_sha": config_sha(_with_noise_mode(a, False).config)},
+            {"run_id": b.run_id, "config_sha": "0" * 16}, {"run_id": c.run_id}]
+    assert stale_records(paper, meta, recs) == [b.run_id]
+
+
+def test_claim_discriminates_against_the_seed_spread():
+    """A claim discriminates when its cells' means differ by more than twice the largest seed std; one that holds with
+    equal cells is "holds, not discriminating"; one seed or no cells cannot tell."""
+    from flower_dp.reproduce.core import Claim, cells_of, pooled_seed_values, seed_means
+
+    far = Claim("a > b", True, "", cells=(("a", (0.80, 0.81)), ("b", (0.70, 0.71))))
+    assert far.discriminates() is True and far.verdict() == "**reproduced**"
+    assert far.discrimination().startswith("yes: gap 0.100 = 14.1 x the largest seed std 0.007")
+    flat = Claim("a > b", True, "", cells=(("a", (0.720, 0.722)), ("b", (0.719, 0.721))))
+    assert flat.discriminates() is False and flat.verdict() == "holds, not discriminating"
+    assert Claim("a > b", False, "", cells=flat.cells).verdict() == "**not reproduced**"
+    one = Claim("a > b", True, "", cells=(("a", (0.8,)), ("b", (0.7,))))
+    assert one.discriminates() is None and one.discrimination().startswith("n/a (one seed")
+    assert Claim("bound", True, "").discrimination() == "n/a (compares no cells)"
+    steps = (("a", (0.80, 0.81)), ("b", (0.795, 0.805)), ("c", (0.10, 0.11)))
+    assert Claim("a > b > c", True, "", cells=steps).discriminates() is True  # the range: a vs c
+    chain = Claim("a > b > c", True, "", cells=steps, ordered=True)  # every step: a vs b is not resolved
+    assert chain.discriminates() is False and chain.discrimination().startswith("**no**: smallest step 0.005")
+    g = {"records": [{"seed": 0, "final_acc": 0.5}, {"seed": 1, "final_acc": 0.7}]}
+    h = {"records": [{"seed": 0, "final_acc": 0.7}, {"seed": 1, "final_acc": 0.9}]}
+    assert cells_of(("g", g), ("none", None)) == (("g", (0.5, 0.7)),)
+    assert pooled_seed_values([g, h]) == pytest.approx((0.6, 0.8))
+    assert seed_means(g["records"] + h["records"]) == pytest.approx((0.6, 0.8))
 
 
 # ------------------------------------------------------------------------------------ added tables
@@ -398,6 +451,45 @@ def test_partpsp_table2_full_grid_and_its_aggregate_claims():
     assert best.passed and best.detail == "24 of 24 cells"
     assert [c for n, c in claims.items() if n.startswith("mean private accuracy")][0].passed
     assert claims["PEDFL: privacy costs accuracy (NoDP > b = 3)"].detail == "NoDP above b = 3 in 8 of 8 cells"
+
+
+@pytest.mark.parametrize("scale", ["smoke", "ci", "full"])
+def test_partpsp_each_algorithm_gets_its_mlp(scale):
+    """Every PartPSP table builds PartPSP-1 on the MLP with the code10 network (spec 4.3: every input passes the noisy
+    10-unit shared layer, which is l1 alone), and every other MLP run (PartPSP-2, SGPDP, SGP, PEDFL) with res784."""
+    from flower_dp.experiments import config_from_dict
+    from flower_dp.models import build_model, shared_parameter_names
+
+    paper = get_paper("partpsp")
+    seen = set()
+    for table in paper.tables:
+        for s in paper.build_runs(scale, table, [0]):
+            model = config_from_dict(s.config).to_dict()["model"]
+            if model["name"] != "partpsp_mlp":
+                continue
+            m = build_model(model["name"], **{k: v for k, v in model.items() if k != "name"})
+            alg = s.config["algorithm"]
+            split = alg["params"].get("split", "partpsp1") if alg["name"] == "partpsp" else "all"
+            want = "code10" if split == "partpsp1" else "res784"
+            assert m.structure == want, (table, s.run_id, m.structure)
+            if split == "partpsp1":
+                assert shared_parameter_names(m, split) == ["l1.weight", "l1.bias"]
+            seen.add((table, want))
+    assert {t for t, w in seen if w == "code10"} == set(paper.tables)
+
+
+def test_partpsp_table2_lists_the_authors_code_with_our_lines():
+    """Each difference from the authors' code names our file:line, and that line holds what the entry says."""
+    from pathlib import Path
+
+    from flower_dp.reproduce.papers.partpsp._shared import AUTHORS_DIFFS, _differences_table2
+
+    root = Path(__file__).resolve().parents[1]
+    for what, _, _, (path, line, text), _ in AUTHORS_DIFFS:
+        assert text in (root / path).read_text().splitlines()[line - 1], (what, path, line)
+    lines = _differences_table2("table2", "full")
+    assert sum(x.startswith("Authors' code (WearTheClo/PartPSP") for x in lines) == len(AUTHORS_DIFFS)
+    assert not any(x.startswith("Authors' code") for x in _differences_table2("table3", "full"))
 
 
 def test_partpsp_fig2_diag_builds_runs_and_answers_at_smoke(tmp_path):

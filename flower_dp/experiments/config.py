@@ -9,7 +9,7 @@ A config has five tables::
                  secret; true: a simulation mode keyed by the published seed, see flower_dp.rng),
                  prefetch_noise (default false: true draws each CPU node's next Gaussian noise on a
                  background thread while it computes; the same numbers, faster with a free core)
-    [data]       dataset, root, partition, alpha, samples_per_node, test_samples
+    [data]       dataset, root, partition, alpha, samples_per_node, test_samples, scaling ("standard" | "unit")
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
     [algorithm]  name, and [algorithm.params] checked by the algorithm's own parameter class
@@ -53,6 +53,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "alpha": 0.5,
         "samples_per_node": None,
         "test_samples": None,
+        "scaling": "standard",
     },
     "model": {"name": "shallow_cnn"},
     "topology": {"name": "exp_one_peer", "n_nodes": 8},
@@ -134,6 +135,8 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
         if not isinstance(run[key], bool):
             problems.append(f"run.{key} must be true or false, got {run[key]!r}")
     _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
+    if data["scaling"] not in ("standard", "unit"):
+        problems.append(f"data.scaling must be 'standard' or 'unit', got {data['scaling']!r}")
     for key in ("samples_per_node", "test_samples"):
         if data[key] is not None:
             _check_int(problems, f"data.{key}", data[key], 1)

@@ -28,10 +28,12 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import results as rio
 from ..errors import ConfigError
-from .core import (BACKENDS, SCALES, Claim, Paper, RunSpec, cpu_feasible, estimate_cpu_hours, group_records,
-                   machine_string, plot_learning_curves, run_sweep, settings_scale)
+from .core import (BACKENDS, DISCRIMINATION_FACTOR, SCALES, Claim, Paper, RunSpec, cpu_feasible, estimate_cpu_hours,
+                   fmt, group_records, machine_string, plot_learning_curves, run_sweep, seed_values, settings_scale)
 
 __all__ = ["PAPERS", "reproduce", "rerender", "get_paper", "Reproduction", "RunSpec", "Claim", "SCALES", "BACKENDS"]
 
@@ -337,6 +339,20 @@ def _revive(obj: Any) -> Any:
     return obj
 
 
+def stale_records(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """Run ids of the records made from another config than the one the table builds today for them (their
+    ``config_sha`` differs; records without one, from before it existed, are not judged)."""
+    from .core import config_sha
+
+    try:
+        specs = build_specs(p, meta["scale"], meta["table"], int(meta.get("seeds", 1)))
+    except (ValueError, ConfigError):
+        return []
+    want = {s.run_id: config_sha(_with_noise_mode(s, meta.get("noise") == "reproducible").config) for s in specs}
+    return [r["run_id"] for r in records
+            if r.get("config_sha") and r.get("run_id") in want and r["config_sha"] != want[r["run_id"]]]
+
+
 def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_path: Path, wall: float,
             log) -> Reproduction:
     """Claims, tables, plots, summary.csv, claims.json and report.md of finished records."""
@@ -352,7 +368,8 @@ def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_p
     meta["compute_time_s"] = _finite_sum(r.get("wall_time_s") for r in records)
     meta["cpu_time_s"] = _finite_sum(r.get("cpu_time_s") for r in records)
     rio.write_json(out_path / "claims.json", {"meta": meta, "claims": [
-        {"name": c.name, "passed": c.passed, "detail": c.detail} for c in claims]})
+        {"name": c.name, "passed": c.passed, "detail": c.detail, "discriminates": c.discriminates(),
+         "discrimination": c.discrimination()} for c in claims]})
     report = _report_md(p, meta, records, claims, tables_md, plots)
     rio.atomic_write_bytes(out_path / "report.md", report.encode())
     for c in claims:
@@ -360,6 +377,18 @@ def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_p
         log(f"  [{state}] {c.name}: {c.detail}")
     log(f"report: {out_path / 'report.md'}")
     return Reproduction(meta["paper"], table, scale, records, claims, out_path / "report.md", wall)
+
+
+def table_spread(records: list[dict[str, Any]]) -> str | None:
+    """The report's line on how far the table's cells (records grouped over seeds) differ at all: the range of their
+    mean final accuracies against the largest seed std of a cell; None for fewer than two cells."""
+    whole = Claim("all cells", None, "", cells=tuple((str(i), seed_values(g)) for i, g in
+                                                     enumerate(group_records(records))))
+    means = [float(np.mean(v)) for _, v in whole.cells if v]
+    if len(means) < 2:
+        return None
+    return (f"Across the {len(means)} cells of this table (seeds grouped), the mean final accuracy spans "
+            f"{fmt(min(means))} to {fmt(max(means))}; discriminates? {whole.discrimination()}.")
 
 
 def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[str], plots: list[str]) -> str:
@@ -394,6 +423,11 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         *([caveat, ""] if (caveat := sampler_label(records)) else []),
         *([where, ""] if (where := device_label(records)) else []),
     ]
+    stale = stale_records(p, meta, records)
+    if stale:
+        lines += [f"**Stale records: {len(stale)} of the {len(records)} runs were made from another config than this "
+                  f"table builds today** ({', '.join(stale)}): their numbers are shown as they are; the command above "
+                  "runs them again (and only them).", ""]
     from .core import drew_float32_noise
 
     unproven = [r for r in records if r.get("eps_heuristic") is not None and not drew_float32_noise(r)]  # the caveat has those
@@ -410,10 +444,17 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
     if (moved := reaccounted_line(records)) is not None:
         lines += [moved, ""]
     lines += tables_md
-    lines += ["", "## Claims", "", "| claim | verdict | our numbers |", "|---|---|---|"]
+    lines += ["", "## Claims", "",
+              f"Discriminates? A claim comparing cells discriminates when the range of the cells' means exceeds "
+              f"{DISCRIMINATION_FACTOR:g} x the largest seed std of a cell (the quantity the claim compares); one that "
+              "holds while its cells are equal within that spread is \"holds, not discriminating\" (the index counts "
+              "it apart). One seed: no spread, so not told.", "",
+              "| claim | verdict | our numbers | discriminates? |", "|---|---|---|---|"]
     for c in claims:
-        verdict = {True: "**reproduced**", False: "**not reproduced**", None: "not checkable at this scale"}[c.passed]
-        lines.append(f"| {c.name} | {verdict} | {c.detail} |")
+        lines.append(f"| {c.name} | {c.verdict()} | {c.detail} | {c.discrimination()} |")
+    spread = table_spread(records)
+    if spread:
+        lines += ["", spread]
     lines += ["", "## Why our numbers differ from the paper's", ""]
     lines += [f"- {d}" for d in p.differences(meta["table"], settings_scale(meta["scale"]))]
     if p.findings is not None:

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core import RunSpec, acc_pm, fmt, group_records
+from ..core import Claim, RunSpec, acc_pm, cells_of, fmt, group_records
 
-__all__ = ["full_scale_only", "pushsum_spec", "slug", "md_table", "ordering_claim_detail", "plot_curves", "plot_acc_vs", "style", "logx"]
+__all__ = ["full_scale_only", "pushsum_spec", "slug", "md_table", "ordering_claim_detail", "ordering_claim", "plot_curves", "plot_acc_vs", "style", "logx"]
 
 
 def slug(*parts: Any) -> str:
@@ -80,6 +80,12 @@ def ordering_claim_detail(a_name: str, a, b_name: str, b) -> tuple[bool | None, 
         return None, "missing runs"
     diff = a["final_acc"] - b["final_acc"]
     return bool(diff > 0), f"{a_name} {acc_pm(a)} vs {b_name} {acc_pm(b)} ({diff:+.3f})"
+
+
+def ordering_claim(name: str, a_name: str, a, b_name: str, b) -> Claim:
+    """The claim ``name`` that grouped row ``a`` beats ``b`` (:func:`ordering_claim_detail`), with both as its cells."""
+    ok, detail = ordering_claim_detail(a_name, a, b_name, b)
+    return Claim(name, ok, detail, cells=cells_of((a_name, a), (b_name, b)))
 
 
 def plot_curves(ax, records, *, label_key: str, y: str = "acc_avg", x: str = "k", title: str = "") -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..core import Claim, Table, bound_table, acc_pm, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, Table, bound_table, acc_pm, cells_of, curve, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import full_scale_only, md_table, plot_curves, pushsum_spec, style, logx
 
 #: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are the spec's stability decisions (8.1)
@@ -101,18 +101,21 @@ def check_claims(table: str, records, scale: str) -> list[Claim]:
             claims.append(Claim(
                 f"{label} reaches DP2-SGD's accuracy (within 2 points) with fewer bits at eps = {eps:g}", bool(ok),
                 f"acc {acc_pm(g)} vs {acc_pm(base)}; bits {fmt(g['bits_total'])} vs {fmt(base['bits_total'])} "
-                f"({g['bits_total'] / base['bits_total']:.2f}x)"))
-            b_c = min(_bits_to_reach(r, target) for r in g["records"])
-            b_b = min(_bits_to_reach(r, target) for r in base["records"])
+                f"({g['bits_total'] / base['bits_total']:.2f}x)", cells=cells_of((label, g), ("DP2-SGD", base))))
+            reach_c = tuple(_bits_to_reach(r, target) for r in g["records"])
+            reach_b = tuple(_bits_to_reach(r, target) for r in base["records"])
+            b_c, b_b = min(reach_c), min(reach_b)
             claims.append(Claim(f"{label}'s accuracy-vs-bits curve lies left of DP2-SGD's at eps = {eps:g}",
-                                bool(b_c < b_b), f"bits to reach accuracy {target:.3f}: {fmt(b_c)} vs {fmt(b_b)}"))
+                                bool(b_c < b_b), f"bits to reach accuracy {target:.3f}: {fmt(b_c)} vs {fmt(b_b)}",
+                                cells=((label, reach_c), ("DP2-SGD", reach_b))))
     for label in s["tradeoff"]:
         for lo in s["tradeoff_eps"]:
             hi_g, lo_g = pick(groups, algorithm=label, eps=max(s["eps"])), pick(groups, algorithm=label, eps=lo)
             if hi_g and lo_g:
                 diff = hi_g["final_acc"] - lo_g["final_acc"]
                 claims.append(Claim(f"{label}: accuracy falls as eps falls ({max(s['eps']):g} -> {lo:g})", bool(diff > 0),
-                                    f"{acc_pm(hi_g)} vs {acc_pm(lo_g)} ({diff:+.3f})"))
+                                    f"{acc_pm(hi_g)} vs {acc_pm(lo_g)} ({diff:+.3f})",
+                                    cells=cells_of((f"eps {max(s['eps']):g}", hi_g), (f"eps {lo:g}", lo_g))))
     rig = [g for g in groups]
     worst = max(g["eps_rigorous"] / g["eps"] for g in rig)
     paper = max(g["eps_paper"] for g in rig)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import core
-from ..core import Claim, RunSpec, Table, bound_table, acc_pm, fmt, group_records, new_axes, paper_of_tables, pick, savefig
+from ..core import Claim, RunSpec, Table, bound_table, acc_pm, cells_of, fmt, group_records, new_axes, paper_of_tables, pick, savefig
 from ._common import full_scale_only, md_table, slug, style, logx
 
 PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB"), "QG-SGD": (0.9579, "36 MB"),
@@ -198,19 +198,22 @@ def check_claims(records, table: str, scale: str) -> list[Claim]:
             spread = math.hypot(lrq["final_acc_std"], gau["final_acc_std"])
             tol = max(0.03, 2 * spread)
             claims.append(Claim("Gau-LRQ ~= Gau-SGD in accuracy", bool(abs(diff) <= tol),
-                                f"{acc_pm(lrq)} vs {acc_pm(gau)} (diff {diff:+.3f}, tolerance {tol:.3f})"))
+                                f"{acc_pm(lrq)} vs {acc_pm(gau)} (diff {diff:+.3f}, tolerance {tol:.3f})",
+                                cells=cells_of(("Gau-LRQ", lrq), ("Gau-SGD", gau))))
             ratio = lrq["bits_total"] / gau["bits_total"]
             claims.append(Claim("Gau-LRQ needs far fewer uplink bits than Gau-SGD (<= 1/4)", bool(ratio <= 0.25),
-                                f"{fmt(lrq['bits_total'])} vs {fmt(gau['bits_total'])} bits ({ratio:.3f}x)"))
+                                f"{fmt(lrq['bits_total'])} vs {fmt(gau['bits_total'])} bits ({ratio:.3f}x)",
+                                cells=cells_of(("Gau-LRQ", lrq), ("Gau-SGD", gau), key="bits_total")))
         if dyn and lrq:
             diff = dyn["final_acc"] - lrq["final_acc"]
             tol = max(0.01, math.hypot(dyn["final_acc_std"], lrq["final_acc_std"]))
             claims.append(Claim("Dynamic Gau-LRQ >= Gau-LRQ (at the same rigorous eps)", bool(diff >= -tol),
                                 f"{acc_pm(dyn)} vs {acc_pm(lrq)} ({diff:+.3f}; eps {fmt(dyn['eps_rigorous'])} vs "
-                                f"{fmt(lrq['eps_rigorous'])})"))
+                                f"{fmt(lrq['eps_rigorous'])})", cells=cells_of(("Dynamic Gau-LRQ", dyn), ("Gau-LRQ", lrq))))
         if lrq and qg:
             ok = lrq["final_acc"] >= qg["final_acc"] - 0.01
-            claims.append(Claim("Gau-LRQ >= QG-SGD", bool(ok), f"{acc_pm(lrq)} vs {acc_pm(qg)}"))
+            claims.append(Claim("Gau-LRQ >= QG-SGD", bool(ok), f"{acc_pm(lrq)} vs {acc_pm(qg)}",
+                                cells=cells_of(("Gau-LRQ", lrq), ("QG-SGD", qg))))
         if qg and bq:
             bq2 = pick(groups, algorithm=BQ2[0])
             why = ""
@@ -222,7 +225,8 @@ def check_claims(records, table: str, scale: str) -> list[Claim]:
                           "sets BQ-SGD's accuracy (the paper's gap)" if far else
                           "not far below QG-SGD either: the bit budget does not explain the paper's gap"))
             claims.append(Claim("QG-SGD >> BQ-SGD", bool(qg["final_acc"] > bq["final_acc"] + 0.05),
-                                f"{acc_pm(qg)} vs {acc_pm(bq)} (BQ-SGD at {_bits(bq)} bits/coordinate){why}"))
+                                f"{acc_pm(qg)} vs {acc_pm(bq)} (BQ-SGD at {_bits(bq)} bits/coordinate){why}",
+                                cells=cells_of(("QG-SGD", qg), ("BQ-SGD", bq))))
         priv = [g for g in groups if g["algorithm"] != "Local SGD" and g.get("eps_rigorous") is not None]
         heur = [g for g in groups if g.get("eps_heuristic") is not None]
         if priv:
@@ -238,13 +242,15 @@ def check_claims(records, table: str, scale: str) -> list[Claim]:
         gs = sorted(groups, key=lambda g: g["eps"])
         accs = ", ".join(f"eps {g['eps']:g}: {acc_pm(g)} (rigorous {fmt(g['eps_rigorous'])})" for g in gs)
         if len(gs) >= 2:
-            claims.append(Claim("accuracy rises with eps", bool(gs[-1]["final_acc"] > gs[0]["final_acc"]), accs))
+            claims.append(Claim("accuracy rises with eps", bool(gs[-1]["final_acc"] > gs[0]["final_acc"]), accs,
+                                cells=cells_of((f"eps {gs[-1]['eps']:g}", gs[-1]), (f"eps {gs[0]['eps']:g}", gs[0]))))
     else:
         gs = sorted([g for g in groups], key=lambda g: g["N"])
         if len(gs) >= 2:
             accs = ", ".join(f"N={g['N']}: {acc_pm(g)}" for g in gs)
             claims.append(Claim("more clients at fixed B and eps give higher accuracy",
-                                bool(gs[-1]["final_acc"] > gs[0]["final_acc"]), accs))
+                                bool(gs[-1]["final_acc"] > gs[0]["final_acc"]), accs,
+                                cells=cells_of((f"N={gs[-1]['N']}", gs[-1]), (f"N={gs[0]['N']}", gs[0]))))
     return claims
 
 

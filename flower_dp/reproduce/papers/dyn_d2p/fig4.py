@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import Claim, Table, acc_pm, fmt, group_records, new_axes, pick, savefig
+from ...core import Claim, Table, acc_pm, cells_of, fmt, group_records, new_axes, pick, savefig
 from .._common import md_table, pushsum_spec
 from ._shared import CLIP, DELTA, SETTINGS, _differences_tables
 
@@ -48,7 +48,8 @@ def _claims_fig4(records, scale: str) -> list[Claim]:
                             bool(min(accs) > const["final_acc"]),
                             f"{sum(a > const['final_acc'] for a in accs)}/{len(accs)} grid points above; Dyn-D2P "
                             f"{fmt(min(accs))} (1/rho_c {worst['inv_rho_c']:g}, 1/rho_mu {worst['inv_rho_mu']:g}) to "
-                            f"{fmt(max(accs))} vs Const-D2P {fmt(const['final_acc'])}"))
+                            f"{fmt(max(accs))} vs Const-D2P {fmt(const['final_acc'])}",
+                            cells=cells_of(("Const-D2P", const), ("Dyn-D2P, worst grid point", worst))))
         spread = max(accs) - min(accs)
         claims.append(Claim(f"eps = {eps:g}: Dyn-D2P is robust to rho_c, rho_mu (accuracy spread over the grid "
                             "smaller than its gain over Const-D2P)", bool(spread < min(accs) - const["final_acc"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import Claim, acc_pm, fmt, group_records, pick
-from .._common import md_table, ordering_claim_detail, pushsum_spec
+from .._common import md_table, ordering_claim, pushsum_spec
 from ._shared import SETTINGS, _curves_report, _eps1_figure, _eps1_params
 
 #: Fig. 5a: n = 20, eps = 1, three topologies; the paper says accuracy ring < exponential < complete
@@ -25,10 +25,8 @@ def _build_fig5a(scale: str, seeds: list[int]):
 def _claims_fig5a(records) -> list[Claim]:
     groups = group_records(records)
     ring, exp, full = (pick(groups, topology=t) for t in FIG5A_TOPOS)
-    ok1, d1 = ordering_claim_detail("exponential", exp, "ring", ring)
-    ok2, d2 = ordering_claim_detail("complete", full, "exponential", exp)
-    return [Claim("Fig. 5a: time-varying exponential > directed ring (eps = 1)", ok1, d1),
-            Claim("Fig. 5a: complete > time-varying exponential (eps = 1)", ok2, d2)]
+    return [ordering_claim("Fig. 5a: time-varying exponential > directed ring (eps = 1)", "exponential", exp, "ring", ring),
+            ordering_claim("Fig. 5a: complete > time-varying exponential (eps = 1)", "complete", full, "exponential", exp)]
 
 
 def _render_fig5a(records, scale: str, out: Path):

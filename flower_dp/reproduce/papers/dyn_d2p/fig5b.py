@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import Claim, acc_pm, fmt, group_records
+from ...core import Claim, acc_pm, cells_of, fmt, group_records
 from .._common import md_table, pushsum_spec
 from ._shared import SETTINGS, _curves_report, _eps1_figure, _eps1_params
 
@@ -27,7 +27,8 @@ def _claims_fig5b(records) -> list[Claim]:
     gs = sorted(group_records(records), key=lambda g: g["n"])
     curve_txt = ", ".join(f"n={g['n']}: {acc_pm(g)}" for g in gs)
     return [Claim("Fig. 5b: more nodes (J fixed) give higher accuracy",
-                  all(a["final_acc"] < b["final_acc"] for a, b in zip(gs, gs[1:])), curve_txt)]
+                  all(a["final_acc"] < b["final_acc"] for a, b in zip(gs, gs[1:])), curve_txt,
+                  cells=cells_of(*((f"n={g['n']}", g) for g in gs)), ordered=True)]
 
 
 def _render_fig5b(records, scale: str, out: Path):

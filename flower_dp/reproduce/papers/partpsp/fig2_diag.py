@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core import Claim, Table, curve, fmt, new_axes, savefig
+from ...core import Claim, Table, curve, fmt, new_axes, savefig, seed_means
 from .._common import md_table, style
 from ._shared import SETTINGS
 from .table2 import FIG2, FIG2_MODELS, FIG2_RESNET, FIG2_SYNC, FIG2_TOPOS, _sens_rows, below_real, fig2_spec, reset_round
@@ -172,7 +172,8 @@ def _claims(records, scale: str) -> list[Claim]:
             bool(abs(acc_on - acc_off) <= ACC_TOL),
             f"{len(pairs)} pairs: accuracy off {fmt(acc_off)} vs on {fmt(acc_on)} ({(acc_on - acc_off) * 100:+.2f} "
             f"points); mean est/real off {fmt(ratio_off)} vs on {fmt(ratio_on)}; mean estimate (the Laplace "
-            f"scale's S) {est_up * 100:+.1f} % with the floor"))
+            f"scale's S) {est_up * 100:+.1f} % with the floor",
+            cells=(("floor off", seed_means(a for a, _ in pairs)), ("floor on", seed_means(b for _, b in pairs)))))
     return out
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import Claim, Table, fmt, new_axes, savefig
-from .._common import md_table, pushsum_spec, style
-from ._shared import SETTINGS, _differences_table2, _params, _ras
+from .._common import md_table, style
+from ._shared import SETTINGS, _differences_table2, _params, _ras, partpsp_spec
 
 #: RAS (mean real sensitivity) by d-Out degree and shared layers (spec 7.4): MLP, C' .95, lambda .55, sync 4, clip 200
 FIG3_DEG = {"smoke": (2, 4), "ci": (2, 4, 6, 8, 10), "full": (2, 3, 4, 5, 6, 7, 8, 9, 10)}
@@ -23,7 +23,7 @@ def _build_fig3(scale: str, seeds: list[int]):
     for seed in seeds:
         for label, (alg, split) in FIG3_SPLITS.items():
             for d in FIG3_DEG[scale]:
-                specs.append(pushsum_spec(
+                specs.append(partpsp_spec(
                     f"fig3-{split}-d{d}", {"figure": "fig3", "shared": label, "degree": d}, seed=seed,
                     num_iters=rounds, eval_every=max(1, rounds // 4), n_nodes=s["n"], model="partpsp_mlp",
                     dataset="fashion_mnist", samples_per_node=s["samples_per_node"], test_samples=s["test_samples"],
@@ -42,11 +42,15 @@ def _claims_fig3(records) -> list[Claim]:
     for label in FIG3_SPLITS:
         vals = [ras[(label, d)] for d in degs if (label, d) in ras]
         claims.append(Claim(f"RAS falls as the degree grows ({label})", all(a > b for a, b in zip(vals, vals[1:])),
-                            ", ".join(f"d={d}: {fmt(v)}" for d, v in zip(degs, vals))))
+                            ", ".join(f"d={d}: {fmt(v)}" for d, v in zip(degs, vals)),
+                            cells=tuple((f"d={d}", tuple(per_key[(label, d)])) for d in degs if (label, d) in per_key),
+                            ordered=True))
     for d in degs:
         vals = [ras.get((label, d), float("nan")) for label in FIG3_SPLITS]
         claims.append(Claim(f"sharing more layers gives a larger RAS (d = {d})", all(a < b for a, b in zip(vals, vals[1:])),
-                            ", ".join(f"{label}: {fmt(v)}" for label, v in zip(FIG3_SPLITS, vals))))
+                            ", ".join(f"{label}: {fmt(v)}" for label, v in zip(FIG3_SPLITS, vals)),
+                            cells=tuple((label, tuple(per_key[(label, d)])) for label in FIG3_SPLITS
+                                        if (label, d) in per_key), ordered=True))
     return claims
 
 

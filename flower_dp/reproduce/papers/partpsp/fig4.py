@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...core import Claim, Table, fmt, new_axes, savefig
-from .._common import md_table, pushsum_spec, style
-from ._shared import SETTINGS, T2_MODELS, _params, _ras
+from .._common import md_table, style
+from ._shared import SETTINGS, T2_MODELS, _params, _ras, partpsp_spec
 
 #: RAS over the first 20 rounds for N = 10 / 50 and d-Out degrees (spec 7.4; MLP, clip 1.0, C' .95, lambda .55, sync 4)
 FIG4_DEG = {"smoke": (1, 2), "ci": (1, 2, 4, 6, 8), "full": (1, 2, 4, 6, 8)}
@@ -34,7 +34,7 @@ def _build_fig4(scale: str, seeds: list[int]):
                 suffix = f"-{mname}"
             for n in FIG4_N[scale]:
                 for d in FIG4_DEG[scale]:
-                    specs.append(pushsum_spec(
+                    specs.append(partpsp_spec(
                         f"fig4-N{n}-d{d}{suffix}", {"figure": "fig4", "N": n, "degree": d, "model": mname}, seed=seed,
                         num_iters=rounds, eval_every=rounds, n_nodes=n, model=model, dataset="fashion_mnist",
                         samples_per_node=s["samples_per_node"], test_samples=s["test_samples"], topology="d_out",

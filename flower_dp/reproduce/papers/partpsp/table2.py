@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, pick, savefig
-from .._common import md_table, ordering_claim_detail, plot_curves, pushsum_spec, style
-from ._shared import _MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params
+from ...core import Claim, Table, acc_pm, curve, fmt, group_records, new_axes, pick, pooled_seed_values, savefig
+from .._common import md_table, ordering_claim, ordering_claim_detail, plot_curves, style
+from ._shared import (_MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params,
+                      partpsp_spec)
 
 #: Table 2 (%, spec 7.1), columns EXP / 4-Out / 6-Out / 8-Out; MNIST/MLP and Fashion-MNIST/ResNet-18 (ViT: no model)
 PAPER_T2 = {
@@ -68,7 +69,7 @@ def _build_table2(scale: str, table: str, seeds: list[int]):
                         params = {k: v for k, v in _params(alg, split, **extra).items() if k in param_names(alg)}
                         # the ci runs keep their original ids (MLP, one graph); the full grid names every cell
                         cell = "" if (mname, topo_label) == ("MLP", s["t2_topos"][0]) else f"-{mname}-{topo_label}"
-                        specs.append(pushsum_spec(
+                        specs.append(partpsp_spec(
                             f"table2-{label}-{tag}{cell}", {"figure": "table2", "algorithm": label, "b": tag,
                                                             "model": mname, "topology": topo_label},
                             seed=seed, num_iters=s["rounds"], eval_every=s["eval_every"], topology=topo,
@@ -94,7 +95,7 @@ def fig2_spec(scale: str, seed: int, mname: str, topo_label: str, label: str, *,
         c_prime, lam, lr = FIG2_RESNET[label]
         extra = {"lr": lr, "lr_l": lr, "clip_l1": 100.0, "model_name": T2_MODELS[mname]["model"]}
     cell = "" if (mname, topo_label) == ("MLP", "EXP") else f"-{mname}-{topo_label}"
-    return pushsum_spec(
+    return partpsp_spec(
         run_id or f"fig2-{label}-esti{cell}",
         labels or {"figure": "fig2", "algorithm": label, "b": "b5", "model": mname, "topology": topo_label},
         seed=seed, num_iters=s["fig2_rounds"], eval_every=1, topology=topo, topology_kwargs=kw, algorithm=alg,
@@ -160,8 +161,7 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
         where = f"b = {tag[1:]}, {topo}" + ("" if model == "MLP" else f", {model}")
         for (na, ga), (nb, gb) in ((("PartPSP-1", p1), ("PartPSP-2", p2)), (("PartPSP-2", p2), ("SGPDP", sg)),
                                    (("PartPSP-1", p1), ("SGPDP", sg))):
-            ok, detail = ordering_claim_detail(na, ga, nb, gb)
-            claims.append(Claim(f"{na} > {nb} ({where})", ok, detail))
+            claims.append(ordering_claim(f"{na} > {nb} ({where})", na, ga, nb, gb))
     else:  # the paper's aggregate claims over the whole grid (spec 7.1)
         best, total = 0, 0
         for model, topo in cells:
@@ -171,18 +171,25 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
                 if len(gs) == len(s["variants"]):
                     total += 1
                     best += max(gs, key=lambda g: g["final_acc"])["algorithm"] == "PartPSP-1"
+        private = {a: [g for g in groups if g.get("figure") == "table2" and g["algorithm"] == a and g["b"] in tags]
+                   for a in s["variants"]}
+        mean_cells = tuple((a, pooled_seed_values(gs)) for a, gs in private.items())
+        others = [c for c in mean_cells if c[0] != "PartPSP-1" and c[1]]
+        runner_up = max(others, key=lambda c: sum(c[1]) / len(c[1]), default=None)
         claims.append(Claim("PartPSP-1 is the best private method in most cells (paper: 33 of 36)",
-                            bool(total and best > total / 2), f"{best} of {total} cells"))
+                            bool(total and best > total / 2), f"{best} of {total} cells",
+                            cells=tuple(c for c in mean_cells if c[0] == "PartPSP-1") + ((runner_up,) if runner_up
+                                                                                          else ())))
         means = {}
         for a in s["variants"]:
-            accs = [g["final_acc"] for g in groups if g.get("figure") == "table2" and g["algorithm"] == a
-                    and g["b"] in tags]
+            accs = [g["final_acc"] for g in private[a]]
             means[a] = sum(accs) / len(accs) if accs else float("nan")
         order = [a for a in ("PartPSP-1", "PartPSP-2", "SGPDP", "PEDFL") if a in means]
         claims.append(Claim("mean private accuracy PartPSP-1 > PartPSP-2 > SGPDP" + (" > PEDFL" if "PEDFL" in means else "")
                             + " (paper: 67.2 > 47.3 > 41.7 > 38.2 %)",
                             all(means[x] > means[y] for x, y in zip(order, order[1:])),
-                            ", ".join(f"{a} {fmt(means[a])}" for a in order)))
+                            ", ".join(f"{a} {fmt(means[a])}" for a in order),
+                            cells=tuple(c for a in order for c in mean_cells if c[0] == a), ordered=True))
     for label in s["variants"]:
         pairs = [(pick(groups, figure="table2", model=m, topology=t, algorithm=label, b="NoDP"),
                   pick(groups, figure="table2", model=m, topology=t, algorithm=label, b=tags[-1])) for m, t in cells]
@@ -192,7 +199,9 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
         else:
             wins = sum(a["final_acc"] > b["final_acc"] for a, b in pairs)
             ok, detail = (bool(pairs) and wins == len(pairs)), f"NoDP above b = {tags[-1][1:]} in {wins} of {len(pairs)} cells"
-        claims.append(Claim(f"{label}: privacy costs accuracy (NoDP > b = {tags[-1][1:]})", ok, detail))
+        claims.append(Claim(f"{label}: privacy costs accuracy (NoDP > b = {tags[-1][1:]})", ok, detail,
+                            cells=(("NoDP", pooled_seed_values(a for a, _ in pairs)),
+                                   (f"b = {tags[-1][1:]}", pooled_seed_values(b for _, b in pairs)))))
     for r in records:
         if r["labels"].get("figure") != "fig2":
             continue

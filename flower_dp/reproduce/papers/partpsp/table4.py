@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import Claim, Table, fmt, group_records, new_axes, savefig
-from .._common import md_table, pushsum_spec, style
-from ._shared import PAPER_ROUNDS, SETTINGS, _differences_table2, _params
+from ...core import Claim, Table, fmt, group_records, new_axes, savefig, seed_means
+from .._common import md_table, style
+from ._shared import PAPER_ROUNDS, SETTINGS, _differences_table2, _params, partpsp_spec
 
 #: Table 4 (b = 3, 1 Gbps per node): time (s) and accuracy (%) on MNIST/MLP and the ResNet-18 columns (spec 7.5)
 T4_TOPOS = {"EXP": ("exp_one_peer", {}), "4-Out": ("d_out", {"deg": 4}), "6-Out": ("d_out", {"deg": 6}),
@@ -31,7 +31,7 @@ def _build_table4(scale: str, seeds: list[int]):
         for topo_label, (topo, kw) in topos.items():
             for label, (alg, split, b) in T4_ALGS.items():
                 extra = {"b": b, "sensitivity": "real"} if b else {"gamma_n": 0.0, "sensitivity": "real"}
-                specs.append(pushsum_spec(
+                specs.append(partpsp_spec(
                     f"table4-{label}-{topo_label}", {"figure": "table4", "algorithm": label, "topology": topo_label},
                     seed=seed, num_iters=s["rounds"], eval_every=s["eval_every"], n_nodes=s["n"], model="partpsp_mlp",
                     dataset="fashion_mnist", samples_per_node=s["samples_per_node"], test_samples=s["test_samples"],
@@ -81,16 +81,21 @@ def _claims_table4(records, scale: str) -> list[Claim]:
 
     acc_p1 = [(t, rows[("PartPSP-1", t)]["acc"], rows[("SGPDP", t)]["acc"]) for t in topos
               if ("PartPSP-1", t) in rows and ("SGPDP", t) in rows]
+    arm = {a: [r for r in records if r["labels"]["algorithm"] == a and r["labels"]["topology"] in topos]
+           for a in T4_ALGS}
     claims.append(Claim("PartPSP-1 beats SGPDP at b = 3 on every graph", bool(acc_p1) and all(p > s for _, p, s in acc_p1),
-                        ", ".join(f"{t}: {fmt(p)} vs {fmt(s)}" for t, p, s in acc_p1)))
+                        ", ".join(f"{t}: {fmt(p)} vs {fmt(s)}" for t, p, s in acc_p1),
+                        cells=tuple((a, seed_means(arm[a])) for a in ("PartPSP-1", "SGPDP"))))
     drop_sgpdp = 1 - mean(ratio("acc", "SGPDP", "SGP"))
     drop_p1 = 1 - mean(ratio("acc", "PartPSP-1", "SGP"))
     claims.append(Claim("privacy costs PartPSP-1 less accuracy than SGPDP, relative to SGP (paper: -8.94 % vs -41.17 %)",
-                        bool(drop_p1 < drop_sgpdp), f"PartPSP-1 {-100 * drop_p1:+.1f} %, SGPDP {-100 * drop_sgpdp:+.1f} %"))
+                        bool(drop_p1 < drop_sgpdp), f"PartPSP-1 {-100 * drop_p1:+.1f} %, SGPDP {-100 * drop_sgpdp:+.1f} %",
+                        cells=tuple((a, seed_means(arm[a])) for a in ("PartPSP-1", "SGPDP"))))
     cpu = ratio("compute", "SGPDP", "SGP")
     claims.append(Claim("SGPDP computes more than SGP (sensitivity and noise; paper: +16.58 % time)",
                         bool(mean(cpu) > 1), f"measured CPU time SGPDP / SGP = {mean(cpu):.3f} "
-                        f"(mean over {len(cpu)} graphs)"))
+                        f"(mean over {len(cpu)} graphs)",
+                        cells=tuple((a, seed_means(arm[a], "train_cpu_s")) for a in ("SGPDP", "SGP"))))
     comm = ratio("comm", "PartPSP-1", "SGP")
     claims.append(Claim("PartPSP-1 communicates less than SGP on the MLP (1 Gbps model)", bool(comm) and all(c < 1 for c in comm),
                         "PartPSP-1 / SGP communication time = " + ", ".join(f"{c:.3f}" for c in comm)))

@@ -138,8 +138,35 @@ def _paper_grid_differences(s: dict[str, Any]) -> list[str]:
     ]
 
 
+def vr_variance_share(scale: str) -> dict[str, float]:
+    """What VR can remove at Fig. 9's equal noise, from the scale's config: the sampling variance of one step's
+    gradient (a block mean of per-sample gradients clipped at G has norm <= G, so E||g - E g||^2 <= G^2) against the
+    DP noise's d sigma^2 on the same step; ``share`` = G^2 / (G^2 + d sigma^2), an upper bound on the part of the step
+    variance VR can take away."""
+    from flower_dp.models import build_model, count_parameters
+
+    s = SETTINGS[scale]
+    d = count_parameters(build_model(s.get("model", MODEL), **(s.get("model_kwargs") or {})))
+    sigma2, G = float(s.get("sigma2", 0.01)), float(s["G"])
+    noise = d * sigma2
+    return {"d": d, "sigma2": sigma2, "G": G, "noise": noise, "sampling": G * G, "share": G * G / (G * G + noise)}
+
+
+def vr_variance_line(scale: str) -> str:
+    """The report's line computing why VR ties with no VR at Fig. 9's sigma^2 (:func:`vr_variance_share`)."""
+    v = vr_variance_share(scale)
+    return (f"Why VR can only tie at Fig. 9's equal noise, from the config: VR removes sampling variance, at most "
+            f"E||g - E g||^2 <= G^2 = {v['sampling']:.4g} (every block mean of gradients clipped at G = {v['G']:g} has "
+            f"norm <= G), while the DP noise adds d sigma^2 = {v['d']:,} x {v['sigma2']:g} = {v['noise']:.1f} to the "
+            f"same step; so VR can take away at most G^2 / (G^2 + d sigma^2) = {100 * v['share']:.3f} % of the step's "
+            "variance, so a tie is what theory predicts, whatever our VR does (fig9-diag runs the pair with the noise off).")
+
+
 def differences(table: str, scale: str) -> list[str]:
     s = SETTINGS[scale]
+    if table in ("headline", "fig9") and "sigma2" not in s:
+        return [*differences(f"{table}-base", scale), vr_variance_line(scale)]
+    table = table.removesuffix("-base")
     if table == "headline" and "k_grid" in s:
         return _paper_grid_differences(s) + differences("fig10", scale)[4:]
     return [

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...core import Claim, Table, acc_pm, fmt, group_records, new_axes, savefig
+from ...core import Claim, Table, acc_pm, cells_of, fmt, group_records, new_axes, savefig
 from .._common import full_scale_only, logx, md_table, plot_acc_vs, pushsum_spec
 from ._shared import C2, DELTA, FIG2_CONST, fig2_k_star
 
@@ -52,7 +52,8 @@ def _claims_fig2(records, scale: str) -> list[Claim]:
         Claim("eq. (12) with the paper's ResNet-18 constants gives K* = 3120 (n = 16, J = 3125, eps = 3)",
               bool(abs(fig2_k_star() - 3120) < 1), f"K* = {fig2_k_star():.2f}"),
         Claim("accuracy vs K (sigma from eq. 11 for each K) peaks at K*", bool(best["K"] == min(
-            groups, key=lambda g: abs(g["K"] - K_star))["K"]), f"K* = {K_star:g}; best K = {best['K']}; {curve_txt}"),
+            groups, key=lambda g: abs(g["K"] - K_star))["K"]), f"K* = {K_star:g}; best K = {best['K']}; {curve_txt}",
+              cells=cells_of(*((f"K={g['K']}", g) for g in groups))),
     ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ...core import Claim, Table, acc_pm, fmt, group_records, new_axes, savefig
+from ...core import Claim, Table, acc_pm, cells_of, fmt, group_records, new_axes, savefig
 from .._common import md_table, plot_curves, pushsum_spec
 from ._shared import DELTA, MODEL, SETTINGS, _common, differences
 
@@ -35,7 +35,8 @@ def _claims_speedup(records) -> list[Claim]:
     gs = sorted(group_records(records), key=lambda g: g["n"])
     claims = [Claim("more nodes reach a lower test loss in the same K (sigma^2 = 0.01)",
                     all(a["final_loss"] > b["final_loss"] for a, b in zip(gs, gs[1:])),
-                    ", ".join(f"n={g['n']}: loss {fmt(g['final_loss'])}" for g in gs))]
+                    ", ".join(f"n={g['n']}: loss {fmt(g['final_loss'])}" for g in gs),
+                    cells=cells_of(*((f"n={g['n']}", g) for g in gs), key="final_loss"), ordered=True)]
     for a, b in zip(gs, gs[1:]):
         if b["n"] != 2 * a["n"]:
             continue

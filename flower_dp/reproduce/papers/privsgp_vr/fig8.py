@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...core import Claim, Table, acc_pm, fmt, group_records, new_axes, pick, savefig
+from ...core import Claim, Table, acc_pm, cells_of, fmt, group_records, new_axes, pick, savefig
 from .._common import md_table, plot_acc_vs, pushsum_spec
 from ._shared import C2, DELTA, SETTINGS, _common, differences
 
@@ -42,13 +42,15 @@ def _claims_tradeoff(records) -> list[Claim]:
     if all(at_star) and len(at_star) > 1:
         accs = [g["final_acc"] for g in at_star]
         claims.append(Claim("the accuracy at K*(eps) increases with eps", all(a < b for a, b in zip(accs, accs[1:])),
-                            ", ".join(f"eps {e:g}: {acc_pm(g)}" for e, g in zip(eps_grid, at_star))))
+                            ", ".join(f"eps {e:g}: {acc_pm(g)}" for e, g in zip(eps_grid, at_star)),
+                            cells=cells_of(*((f"eps {e:g}", g) for e, g in zip(eps_grid, at_star))), ordered=True))
     for e, star in zip(eps_grid, at_star):
         others = [pick(groups, eps=e, K_over_Kstar=r) for r in TRADEOFF_K if r != 1.0]
         if star and all(others):
             ok = all(star["final_acc"] > o["final_acc"] for o in others)
             claims.append(Claim(f"at eps = {e:g}, K*(eps) = {star['K']} beats the other two K", bool(ok),
-                                ", ".join(f"K={g['K']}: {acc_pm(g)}" for g in sorted(others + [star], key=lambda g: g["K"]))))
+                                ", ".join(f"K={g['K']}: {acc_pm(g)}" for g in sorted(others + [star], key=lambda g: g["K"])),
+                                cells=cells_of(*((f"K={g['K']}", g) for g in [star, *others]))))
     return claims
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...core import Claim, Table, acc_pm, bound_table, fmt, group_records, new_axes, pick, savefig
-from .._common import logx, md_table, ordering_claim_detail, plot_acc_vs, plot_curves, pushsum_spec
+from ...core import Claim, Table, acc_pm, bound_table, cells_of, fmt, group_records, new_axes, pick, savefig
+from .._common import logx, md_table, ordering_claim, plot_acc_vs, plot_curves, pushsum_spec
 from ._shared import C2, DELTA, K_RATIOS, K_RATIOS_EXTRA, MODEL, SETTINGS, _common, differences
 
 
@@ -66,13 +66,15 @@ def _claims_main(records, table: str, scale: str) -> list[Claim]:
             claims.append(Claim(
                 "accuracy vs K (sigma from eq. 11 for each K) peaks near the K* of eq. (12)",
                 bool(0.45 <= ratio <= 2.2),
-                f"K* = {K_star:g}; best K = {best['K']} ({ratio:.2f} K*); {curve}"))
+                f"K* = {K_star:g}; best K = {best['K']} ({ratio:.2f} K*); {curve}",
+                cells=cells_of(*((f"K={g['K']}", g) for g in fig7))))
             accs = [g["final_acc"] for g in fig7]
             i = int(np.argmax(accs))
             unimodal = all(accs[j] <= accs[j + 1] + 1e-9 for j in range(i)) and all(
                 accs[j] >= accs[j + 1] - 1e-9 for j in range(i, len(accs) - 1))
             claims.append(Claim("the accuracy-vs-K curve is unimodal (worse at much smaller and much larger K)",
-                                bool(unimodal and 0 < i < len(accs) - 1), curve))
+                                bool(unimodal and 0 < i < len(accs) - 1), curve,
+                                cells=cells_of(*((f"K={g['K']}", g) for g in fig7))))
             # the paper's text: K* "leads to the minimum loss and maximum accuracy" (it plots the training loss;
             # we record the test loss of the same network-average model)
             losses = [g["final_loss"] for g in fig7]
@@ -84,23 +86,25 @@ def _claims_main(records, table: str, scale: str) -> list[Claim]:
             claims.append(Claim(
                 "test loss vs K is least near K* and unimodal (the paper: K* 'leads to the minimum loss')",
                 bool(0.45 <= lratio <= 2.2 and l_unimodal and 0 < j < len(losses) - 1),
-                f"least loss at K = {fig7[j]['K']} ({lratio:.2f} K*); {lcurve}"))
+                f"least loss at K = {fig7[j]['K']} ({lratio:.2f} K*); {lcurve}",
+                cells=cells_of(*((f"K={g['K']}", g) for g in fig7), key="final_loss")))
             over = [f"K={g['K']}: {fmt(g['eps_rigorous'])}" for g in fig7]
             claims.append(Claim("eq. (11)'s sigma delivers the target eps under a rigorous accountant",
                                 all(g["eps_rigorous"] <= SETTINGS[scale]["eps"] * (1 + 1e-6) for g in fig7),
                                 f"target {SETTINGS[scale]['eps']:g}; rigorous eps " + "; ".join(over)))
-        ok, detail = ordering_claim_detail("PrivSGP-VR", pick(groups, figure="fig9", algorithm="PrivSGP-VR"),
-                                           "PrivSGP", pick(groups, figure="fig9", algorithm="PrivSGP"))
-        claims.append(Claim("VR beats no VR at equal noise (sigma^2 = 0.01, same K)", ok, detail))
+        claims.append(ordering_claim("VR beats no VR at equal noise (sigma^2 = 0.01, same K)",
+                                     "PrivSGP-VR", pick(groups, figure="fig9", algorithm="PrivSGP-VR"),
+                                     "PrivSGP", pick(groups, figure="fig9", algorithm="PrivSGP")))
         vr, novr = pick(groups, figure="fig9", algorithm="PrivSGP-VR"), pick(groups, figure="fig9", algorithm="PrivSGP")
         if vr and novr:
             claims.append(Claim("VR has the lower final test loss at equal noise", bool(vr["final_loss"] < novr["final_loss"]),
-                                f"{fmt(vr['final_loss'])} vs {fmt(novr['final_loss'])}"))
+                                f"{fmt(vr['final_loss'])} vs {fmt(novr['final_loss'])}",
+                                cells=cells_of(("PrivSGP-VR", vr), ("PrivSGP", novr), key="final_loss")))
     else:
         vr = pick(groups, algorithm="PrivSGP-VR")
         for other in ("DP2-SGD", "A(DP)2SGD"):
-            ok, detail = ordering_claim_detail("PrivSGP-VR", vr, other, pick(groups, algorithm=other))
-            claims.append(Claim(f"PrivSGP-VR beats {other} on the undirected ring at equal (eps, delta)", ok, detail))
+            claims.append(ordering_claim(f"PrivSGP-VR beats {other} on the undirected ring at equal (eps, delta)",
+                                         "PrivSGP-VR", vr, other, pick(groups, algorithm=other)))
     return claims
 
 
