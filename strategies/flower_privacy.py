@@ -24,7 +24,7 @@ std divided by the L2 *sensitivity of the sum under the configured neighbouring 
 add/remove one client the sum moves by C, so the event's multiplier is ``z``; under replace-one (GauLRQ's
 relation: exactly B of N clients are sampled, so a neighbour replaces a client) the sum moves by 2C and
 the event's multiplier is ``z / 2``.  Feeding ``z`` to a replace-one accountant understates eps (20 of 5,
-z = 1.5, 4 rounds: 3.38 instead of the true 6.92).  :func:`event_noise_multiplier` does the conversion.
+z = 1.5, 4 rounds: 3.38 against flower-dp's proven 6.97).  :func:`event_noise_multiplier` does the conversion.
 
 Which of Flower's configurations compute a valid bound for GauLRQ (B of N without replacement,
 replace-one), all fed ``z / 2``:
@@ -32,17 +32,17 @@ replace-one), all fed ``z / 2``:
 ====================  ====================  =====================================================
 sampling_method       neighboring_relation  what Flower's RdpAccountant computes
 ====================  ====================  =====================================================
-poisson               add-or-remove-one     PoissonSampled(B/N, Gaussian(z/2)): the dominating pair
-                                            of fixed-size sampling under replace-one (Zhu, Dong,
-                                            Wang 2022); equals flower-dp's RDP bound; recommended
+poisson               add-or-remove-one     PoissonSampled(B/N, Gaussian(z/2)): the attained pair of
+                                            fixed-size sampling, composed; no proof for it
+                                            (:mod:`flower_dp.privacy.replace_one`): refused
 without-replacement   replace-one           SampledWithoutReplacement(N, B, Gaussian(z/2)) (Wang,
-                                            Balle, Kasiviswanathan 2019): valid, much looser at
-                                            small q (paper MNIST setting: 290.5 against 58.6)
+                                            Balle, Kasiviswanathan 2019): valid, the tightest accepted
+                                            (paper MNIST setting: 290.5; flower-dp's PLD 51.2)
 no-amplification      add-or-remove-one     Gaussian(z/2), sampling ignored: valid, loosest
 ====================  ====================  =====================================================
 
-flower-dp's own rigorous eps (``eps_rigorous``) is the smaller of its PLD and RDP bounds of the same
-mechanism, so it is never above Flower's number; both are reported.  Flower's accountant uses RDP only.
+flower-dp's own rigorous eps (``eps_rigorous``) is the smaller of its proven PLD and RDP bounds of the same
+mechanism (the same RDP bound as the accepted configurations, so never above them); both are reported.  Flower's accountant uses RDP only.
 """
 
 from __future__ import annotations
@@ -124,16 +124,17 @@ def check_accountant(accountant, *, population_size: int, fixed_size: bool, adja
     pair = (cfg.sampling_method, cfg.neighboring_relation)
     valid = {(SamplingMethod.NO_AMPLIFICATION, NeighboringRelation.ADD_OR_REMOVE_ONE)}
     if fixed_size and adjacency == "replace_one":
-        valid |= {(SamplingMethod.POISSON, NeighboringRelation.ADD_OR_REMOVE_ONE),
-                  (SamplingMethod.WITHOUT_REPLACEMENT, NeighboringRelation.REPLACE_ONE)}
-    elif not fixed_size and adjacency == "add_remove":
-        valid |= {(SamplingMethod.POISSON, NeighboringRelation.ADD_OR_REMOVE_ONE)}
+        valid |= {(SamplingMethod.WITHOUT_REPLACEMENT, NeighboringRelation.REPLACE_ONE)}
+        best = "sampling_method=SamplingMethod.WITHOUT_REPLACEMENT, neighboring_relation=NeighboringRelation.REPLACE_ONE"
+    else:
+        if not fixed_size and adjacency == "add_remove":
+            valid |= {(SamplingMethod.POISSON, NeighboringRelation.ADD_OR_REMOVE_ONE)}
+        best = "sampling_method=SamplingMethod.POISSON, neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE"
     if pair not in valid:
         raise ValueError(f"the Flower accountant's (sampling_method, neighboring_relation) must be one of "
-                         f"{sorted((s.value, r.value) for s, r in valid)} for this mechanism, got "
-                         f"({cfg.sampling_method.value}, {cfg.neighboring_relation.value}); use "
-                         "PrivacyConfig(sampling_method=SamplingMethod.POISSON, "
-                         "neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE, ...) (the tightest)")
+                         f"{sorted((s.value, r.value) for s, r in valid)} for this mechanism (the configurations "
+                         f"whose bound is proven for it), got ({cfg.sampling_method.value}, "
+                         f"{cfg.neighboring_relation.value}); use PrivacyConfig({best}, ...) (the tightest of them)")
 
 
 def check_budget(accountant, event, *, where: str) -> None:
