@@ -685,8 +685,12 @@ class GauLRQ(FedAvg):
     # ------------------------------------------------------------------ loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int | None = None, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None) -> Result:
+              evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+              should_stop: Callable[[int, Result], bool] | None = None) -> Result:
         """Flower's template loop (FedAvg's signature, logging and summary), stopping cleanly when the budget is spent.
+
+        ``should_stop(round, result)`` (Flower 1.43's early stop, accepted on 1.42 too): called after each round;
+        True ends the loop there with the results saved and ``stop_reason = "should_stop: round r"``.
 
         ``num_rounds``: None runs the K rounds given to GauLRQ (Flower's default 3 when neither is given); a
         GauLRQ built without ``num_rounds`` plans its schedule for this many rounds.  The budget stop (the next
@@ -769,6 +773,10 @@ class GauLRQ(FedAvg):
                 if server is not None:
                     result.evaluate_metrics_serverapp[rnd] = server
                 self.save_results(arrays)
+                if should_stop is not None and should_stop(rnd, result):
+                    self.stop_reason = f"should_stop: round {rnd}"
+                    log(INFO, "Stopping early after round %s", rnd)
+                    break
             else:
                 self.stop_reason = "completed"
         except BaseException as exc:

@@ -89,6 +89,17 @@ def test_with_the_mod_the_probe_passes_once_and_training_runs():
     assert len(grid.sent) == N + 2 * 3
 
 
+def test_should_stop_ends_the_loop_after_its_round():
+    """Flower 1.43's ``should_stop(round, result)``: called after each round; True stops there, results kept."""
+    grid = _Recorder(_app([make_gau_lrq_mod(secret=b"first-hour-secret-0123456789")]), N)
+    seen = []
+    s = _gau()
+    with _task_identity():
+        s.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}), num_rounds=4,
+                should_stop=lambda rnd, result: seen.append(rnd) or rnd == 2)
+    assert seen == [1, 2] and len(s.rounds) == 2 and s.stop_reason == "should_stop: round 2"
+
+
 def test_node_count_mismatch_fails_at_once_in_simulation():
     import time
 
