@@ -215,16 +215,24 @@ def _lrq_round(N: int, B: int, d_model: str = "lenet"):
 
     secret = b"flower-dp-benchmark-secret-0001"
 
-    class _Grid:  # the strategy only asks the grid for node ids (partition id = node id - 100)
-        def get_node_ids(self):
-            return list(range(100, 100 + N))
-
     def train(msg: Message, ctx: Context) -> Message:
         rng = np.random.default_rng(int(ctx.node_config["partition-id"]))
         arrays = msg.content["arrays"]
         new = {k: a.numpy() + 0.01 * rng.standard_normal(a.numpy().shape).astype(np.float32) for k, a in arrays.items()}
         return Message(RecordDict({"arrays": ArrayRecord({k: Array(v) for k, v in new.items()}),
                                    "metrics": MetricRecord({"num-examples": 500})}), reply_to=msg)
+
+    def context(m: Message) -> Context:
+        return Context(run_id=1, node_id=m.metadata.dst_node_id, node_config={"partition-id": m.metadata.dst_node_id - 100},
+                       state=RecordDict(), run_config={})
+
+    class _Grid:  # node ids (partition id = node id - 100), and GauLRQ's probe of the mod, answered by the mod
+        def get_node_ids(self):
+            return list(range(100, 100 + N))
+
+        def send_and_receive(self, messages, timeout=None):
+            probe_mod = make_gau_lrq_mod(secret=secret)
+            return [probe_mod(m, context(m), train) for m in messages]
 
     strategy = GauLRQ(num_clients=N, clients_per_round=B, clip=1.0, num_rounds=30, epsilon=3.0, delta=1e-5,
                       secret=secret, stream_nonce="bench")
@@ -234,9 +242,7 @@ def _lrq_round(N: int, B: int, d_model: str = "lenet"):
     mod = make_gau_lrq_mod(secret=secret, debug_metrics=True)  # bits_fixed: a local measurement, never released
     replies = []
     for m in msgs:
-        ctx = Context(run_id=1, node_id=m.metadata.dst_node_id, node_config={"partition-id": m.metadata.dst_node_id - 100},
-                      state=RecordDict(), run_config={})
-        replies.append(mod(m, ctx, train))
+        replies.append(mod(m, context(m), train))
     strategy.aggregate_train(1, replies)
     return strategy, msgs, replies
 

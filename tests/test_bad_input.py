@@ -17,7 +17,7 @@ import torch
 from flower_dp import topology as T
 from flower_dp.clients.registry import prepare
 from flower_dp.data import load_dataset, partition
-from flower_dp.errors import CheckpointError, ConfigError, DecodeError, GossipTimeoutError, NonFiniteError
+from flower_dp.errors import CheckpointError, ConfigError, DecodeError, NonFiniteError
 from flower_dp.experiments.config import config_from_dict
 from flower_dp.mechanisms import check_no_batchnorm, gaussian_noise, lrq, make_compressor, per_sample_clipped_grad_sum
 from flower_dp.models import build_model
@@ -167,8 +167,8 @@ CASES = [
     ("run: resume without a checkpoint", lambda: _run(_runner_cfg(), resume=True), CheckpointError,
      "no checkpoint at .*run without --resume"),
     # Flower and Ray
-    ("fewer SuperNodes than nodes", _fewer_supernodes_than_nodes, GossipTimeoutError,
-     "only 4 Flower SuperNodes connected.*n_nodes = 8.*set num-supernodes = 8"),
+    ("fewer SuperNodes than nodes", _fewer_supernodes_than_nodes, ConfigError,
+     "the simulation runs 4 SuperNodes, n_nodes = 8.*set num-supernodes = 8"),
     ("Ray address not answering", _ray_address_not_answering, ConnectionError,
      "Ray address '127.0.0.1:\\d+' does not answer.*ray start --head.*unset it"),
     ("malformed Ray address", _ray_address_malformed, ValueError, "Ray address must be 'auto'.*got 'headnode'"),

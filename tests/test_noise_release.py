@@ -54,7 +54,7 @@ def test_release_gaussian_draws_the_plans_std_and_charges_the_plans_steps(algori
     assert node.accountant.ledger == expected.ledger
     if per_iter == 2:  # PrivSGP-VR: one draw, charged as its sampled and its always-present part
         sampled, always = plan.release(1, 0).steps
-        assert sampled.sampling == "fixed_size" and always.q == 1.0 and math.isfinite(always.nu)
+        assert sampled.sampling == "fixed_size_table" and always.q == 1.0 and math.isfinite(always.nu)
 
 
 def test_a_plan_without_noise_draws_and_charges_nothing():
