@@ -90,7 +90,7 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
      "and 100x larger"),
     ("input scaling", "not aligned",
      "fused_train.py:52-54: MNIST through ToTensor only, inputs in [0, 1]",
-     ("flower_dp/data.py", 218, "xt = (xt - torch.tensor(mean)"),
+     ("flower_dp/data.py", 219, "xt = (xt - torch.tensor(mean)"),
      "inputs standardised per channel (mean 0, std 1; the tables keep data.scaling = \"standard\"), larger inputs "
      "to the first tanh layer; data.scaling = \"unit\" gives the authors' [0, 1]"),
     ("evaluation", "not aligned",
