@@ -99,6 +99,7 @@ __all__ = [
     "ADJACENCIES",
     "SAMPLINGS",
     "TABLE_SAMPLING",
+    "table_epsilon",
     "DEFAULT_ACCOUNTANT",
     "BOUNDS",
     "epsilon_and_bound",
@@ -490,8 +491,49 @@ def _table_parts(merged: tuple[Step, ...], adjacency: str) -> tuple[float, float
     return table[0].q, min(s.nu for s in table), sum(s.count for s in table), mu_always_sq
 
 
-def _table_delta(merged: tuple[Step, ...], adjacency: str, epsilon: float) -> float:
-    """delta(eps) of a history with table-sampled steps: ``E_n[delta_G(eps; mu(n))]``, n ~ Binomial(K, q).
+def _table_mixture(q: float, count: int, mu_hit_sq, mu_always_sq):
+    """``delta(eps)`` of the table bound (:func:`_table_epsilon`) as a function of an eps array of shape (m,), for
+    the rows of ``mu_hit_sq`` / ``mu_always_sq`` (broadcast to (m, 1), or scalars):
+    ``E_n[delta_G(eps; sqrt(n mu_hit^2 + mu_always^2))]``, n ~ Binomial(count, q).  Binomial weights below
+    1e-300 are left out of the sum and their mass added whole (delta_G <= 1), so nothing is dropped."""
+    from scipy import special, stats
+
+    n = np.arange(count + 1, dtype=np.float64)
+    w = stats.binom.pmf(n, count, q)
+    keep = w > 1e-300
+    dropped = float(w[~keep].sum())
+    n, w = n[keep][None, :], w[keep][None, :]
+    mu = np.sqrt(n * np.reshape(mu_hit_sq, (-1, 1)) + np.reshape(mu_always_sq, (-1, 1)))
+
+    def delta(eps: np.ndarray) -> np.ndarray:
+        e = np.reshape(eps, (-1, 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = special.ndtr(mu / 2 - e / mu) - np.exp(e + special.log_ndtr(-mu / 2 - e / mu))
+        d = np.where(mu > 0, np.clip(d, 0.0, 1.0), 0.0)
+        return np.minimum(1.0, (w * d).sum(axis=1) + dropped)
+
+    return delta
+
+
+def table_epsilon(q: float, count: int, mu_hit_sq, mu_always_sq, delta: float) -> np.ndarray:
+    """eps at ``delta`` of the table bound, vectorised over rows (:func:`_table_mixture`): the smallest eps with
+    ``delta(eps) <= delta``, by bisection to 2^-50 of the bracket, rounded up (0 when ``delta(0) <= delta``,
+    ``inf`` above 1e6).  Shape (m,)."""
+    mixture = _table_mixture(q, count, mu_hit_sq, mu_always_sq)
+    rows = np.broadcast_shapes(np.shape(np.reshape(mu_hit_sq, (-1, 1))), np.shape(np.reshape(mu_always_sq, (-1, 1))))[0]
+    lo, hi = np.zeros(rows), np.ones(rows)
+    while (grow := mixture(hi) > delta).any() and hi.max() <= 1e6:
+        hi = np.where(grow, hi * 2.0, hi)
+    for _ in range(50):
+        mid = 0.5 * (lo + hi)
+        over = mixture(mid) > delta
+        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
+    return np.where(mixture(hi) > delta, np.inf, np.where(mixture(np.zeros(rows)) <= delta, 0.0, hi))
+
+
+def _table_epsilon(merged: tuple[Step, ...], adjacency: str, delta: float) -> float:
+    """eps at ``delta`` of a history with table-sampled steps (PrivSGP-VR): :func:`table_epsilon` of
+    ``E_n[delta_G(eps; mu(n))]``, n ~ Binomial(K, q).
 
     PrivSGP-VR releases ``h - T[blk] + avg(T)`` plus Gaussian noise; the table T holds each block's gradient
     from the step that last drew it, so every later release (through ``avg(T)`` and ``T[blk]``) depends on
@@ -506,35 +548,14 @@ def _table_delta(merged: tuple[Step, ...], adjacency: str, epsilon: float) -> fl
     mu(s))]`` with ``n(s) ~ Binomial(K, q)`` (one of ``1/q`` blocks drawn uniformly per step).  Table steps at
     several noise levels are all charged at the smallest.
     """
-    from scipy import special, stats
-
     q, nu, count, mu_a2 = _table_parts(merged, adjacency)
-    n = np.arange(count + 1)
-    w = stats.binom.pmf(n, count, q)
-    mu = np.sqrt(n * (2.0 / nu) ** 2 + mu_a2)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d = special.ndtr(mu / 2 - epsilon / mu) - np.exp(epsilon + special.log_ndtr(-mu / 2 - epsilon / mu))
-    d = np.where(mu > 0, np.clip(d, 0.0, 1.0), 0.0)
-    return float(min(1.0, np.dot(w, d)))
+    return float(table_epsilon(q, count, (2.0 / nu) ** 2, mu_a2, delta)[0])
 
 
-def _table_epsilon(merged: tuple[Step, ...], adjacency: str, delta: float) -> float:
-    """The smallest eps (to 1e-9 relative, rounded up) with :func:`_table_delta` ``<= delta``."""
-    if _table_delta(merged, adjacency, 0.0) <= delta:
-        return 0.0
-    hi = 1.0
-    while _table_delta(merged, adjacency, hi) > delta:
-        hi *= 2.0
-        if hi > 1e6:
-            return math.inf
-    lo = 0.0
-    while hi - lo > 1e-9 * hi:
-        mid = 0.5 * (lo + hi)
-        if _table_delta(merged, adjacency, mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+def _table_delta(merged: tuple[Step, ...], adjacency: str, epsilon: float) -> float:
+    """delta(eps) of a history with table-sampled steps (the bound of :func:`_table_epsilon`)."""
+    q, nu, count, mu_a2 = _table_parts(merged, adjacency)
+    return float(_table_mixture(q, count, (2.0 / nu) ** 2, mu_a2)(np.array([epsilon]))[0])
 
 
 def _has_table(merged: tuple[Step, ...]) -> bool:

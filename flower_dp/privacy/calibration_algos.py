@@ -14,8 +14,8 @@ import numpy as np
 
 from .._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
 from . import paper
-from . import rdp_fast
-from .accountant import SAMPLING_ALIASES, SAMPLINGS, TABLE_SAMPLING, GaussianStep, LaplaceStep, rigorous_epsilon
+from .accountant import (SAMPLING_ALIASES, SAMPLINGS, TABLE_SAMPLING, GaussianStep, LaplaceStep, rigorous_epsilon,
+                         table_epsilon)
 from .calibration import CALIBRATIONS, calibrate, calibrate_noise_multiplier, calibrate_schedule
 
 __all__ = [
@@ -86,7 +86,7 @@ _TABLE_SHARES = np.geomspace(1e-4, 0.5, 60)
 
 def _vr_table_share(q: float, K: int, c_sampled: float, c_always: float, std: float, delta: float) -> float:
     """Share ``a`` of the variance that the always-present term gets: the grid point with the least eps under
-    PrivSGP-VR's table bound (:func:`flower_dp.privacy.accountant._table_delta`), all grid points at once.
+    PrivSGP-VR's table bound (:func:`flower_dp.privacy.accountant.table_epsilon`), all grid points at once.
 
     Splitting one Gaussian ``N(0, std^2)`` into independent ``N(0, (1-a) std^2) + N(0, a std^2)`` and
     charging each part for its own sensitivity is valid for every ``a`` (the release is a post-processing
@@ -94,31 +94,11 @@ def _vr_table_share(q: float, K: int, c_sampled: float, c_always: float, std: fl
     the chosen split is the minimum over the grid of continuous functions of ``std``, so it is continuous in
     ``std`` and a calibration can meet its target closely.
     """
-    from scipy import special, stats
-
-    a = _TABLE_SHARES[:, None]
-    n = np.arange(K + 1, dtype=np.float64)
-    w = stats.binom.pmf(n, K, q)
-    keep = w > 1e-300
-    n, w = n[keep][None, :], w[keep][None, :]
-    mu = np.sqrt(n * (2.0 * c_sampled) ** 2 / (1 - a) + K * (2.0 * c_always) ** 2 / a) / std
-
-    def excess(eps: np.ndarray) -> np.ndarray:
-        e = eps[:, None]
-        d = special.ndtr(mu / 2 - e / mu) - np.exp(e + special.log_ndtr(-mu / 2 - e / mu))
-        return (w * np.clip(d, 0.0, 1.0)).sum(axis=1) - delta
-
-    lo, hi = np.zeros(a.shape[0]), np.ones(a.shape[0])
-    for _ in range(60):
-        grow = excess(hi) > 0
-        if not grow.any():
-            break
-        hi = np.where(grow, hi * 2.0, hi)
-    for _ in range(50):
-        mid = 0.5 * (lo + hi)
-        over = excess(mid) > 0
-        lo, hi = np.where(over, mid, lo), np.where(over, hi, mid)
-    return float(_TABLE_SHARES[int(np.argmin(hi))])
+    a = _TABLE_SHARES
+    # in noise units: mu_hit = 2 c_sampled / (std sqrt(1 - a)), mu_always = 2 c_always / (std sqrt(a)) at every step
+    eps = table_epsilon(q, K, (2.0 * c_sampled) ** 2 / ((1 - a) * std**2), K * (2.0 * c_always) ** 2 / (a * std**2),
+                        delta)
+    return float(a[int(np.argmin(eps))])
 
 
 def privsgp_vr_calibration(
