@@ -105,21 +105,24 @@ def _reason(rec: dict[str, Any]) -> str:
     return TABLE_REASON if algorithm == "privsgp_vr" else SYMMETRISED_PAIR_REASON
 
 
-def proven_epsilon(paper: str, rec: dict[str, Any]) -> float | None:
-    """The eps of ``rec``'s recorded noise under today's accountant (``rec`` with its rebuilt ``config``); None
-    for a record this module does not re-account (non-private, heuristic, or another sampler)."""
+def _eps_after(paper: str, rec: dict[str, Any]) -> Callable[[int], float] | None:
+    """eps after k steps of ``rec``'s recorded noise under today's accountant (``rec`` with its rebuilt
+    ``config``); None for a record this module does not re-account (non-private, heuristic, another sampler)."""
     make = _EPS_OF.get(paper)
     cfg = rec.get("config")
-    eps_of = make(rec, cfg) if make is not None and cfg is not None else None
+    return make(rec, cfg) if make is not None and cfg is not None else None
+
+
+def proven_epsilon(paper: str, rec: dict[str, Any]) -> float | None:
+    """The eps of ``rec``'s recorded noise under today's accountant; None where :func:`_eps_after` has none."""
+    eps_of = _eps_after(paper, rec)
     return None if eps_of is None else float(eps_of(int(rec["num_iters"])))
 
 
 def reaccount_record(paper: str, rec: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
     """A copy of ``rec`` (with its rebuilt ``config``) with ``eps_rigorous`` of its noise under today's accountant;
     ``reason`` (default: the change that moved this kind of record) is kept in ``reaccounted``."""
-    make = _EPS_OF.get(paper)
-    cfg = rec.get("config")
-    eps_of = make(rec, cfg) if make is not None and cfg is not None else None
+    eps_of = _eps_after(paper, rec)
     if eps_of is None:
         return rec
     out = dict(rec)
