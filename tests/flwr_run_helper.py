@@ -58,6 +58,18 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, old)
 
 
+def _wait_for_port(port: int, proc: subprocess.Popen, why_it_died, wait_s: float = 90) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections (at most ``wait_s``); fail with ``why_it_died()`` if
+    ``proc`` exits first."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        assert proc.poll() is None, why_it_died()
+        time.sleep(0.5)
+
+
 @contextmanager
 def ray_head(env: dict[str, str] | None = None, num_cpus: int = 2):
     """Yield the address ``127.0.0.1:PORT`` of a Ray head of this test's own (no dashboard, loopback), stopped
@@ -73,13 +85,7 @@ def ray_head(env: dict[str, str] | None = None, num_cpus: int = 2):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with sigterm_raises():
         try:
-            deadline = time.monotonic() + 90
-            while time.monotonic() < deadline:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", port)) == 0:
-                        break
-                assert head.poll() is None, f"ray start --head exited with {head.returncode}"
-                time.sleep(0.5)
+            _wait_for_port(port, head, lambda: f"ray start --head exited with {head.returncode}")
             yield f"127.0.0.1:{port}"
         finally:
             _kill_group(head)
@@ -111,13 +117,7 @@ def flwr_run(app: Path, tmp_path: Path, *, federation_config: str, run_config: s
             env=env, stdout=open(home / "superlink.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         with sigterm_raises():
             try:
-                deadline = time.monotonic() + 90
-                while time.monotonic() < deadline:
-                    with socket.socket() as s:
-                        if s.connect_ex(("127.0.0.1", port)) == 0:
-                            break
-                    assert link.poll() is None, (home / "superlink.log").read_text()[-3000:]
-                    time.sleep(0.5)
+                _wait_for_port(port, link, lambda: (home / "superlink.log").read_text()[-3000:])
                 t = time.monotonic()
                 out = subprocess.run(
                     [str(bin_dir / "flwr"), "run", str(app), "mine", "--stream", "--federation-config",
