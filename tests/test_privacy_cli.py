@@ -18,6 +18,17 @@ def test_accountant_prints_eps(capsys):
     assert re.search(r"pld: eps = 1\.8[23]", out)  # about 1.828
 
 
+def test_the_readme_shows_the_accountant_output_as_it_is(capsys):
+    """The README's first ``flower-dp accountant`` example prints exactly the lines the README shows."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "$ flower-dp accountant --sigma 1 --q 0.01 --steps 1000 --delta 1e-5\n" in readme
+    assert main(["accountant", "--sigma", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"]) == 0
+    for line in capsys.readouterr().out.splitlines():
+        assert line in readme.splitlines(), line
+
+
 def test_accountant_calibrates_noise(capsys):
     rc = main(["accountant", "--epsilon", "2.1014", "--q", "0.01", "--steps", "1000", "--delta", "1e-5",
                "--accountant", "rdp"])
