@@ -164,8 +164,9 @@ def _slug(heading: str) -> str:
 
 
 def test_links_and_anchors_resolve():
-    """Every relative link of the pages names an existing file, and every ``#anchor`` a heading of its page."""
-    for path in PAGES:
+    """Every relative link of the pages (and of the example apps' READMEs) names an existing file, and every
+    ``#anchor`` a heading of its page."""
+    for path in PAGES + sorted(ROOT.glob("examples/*/README.md")):
         text = FENCE.sub("", path.read_text())
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
             if re.match(r"[a-z]+://", target):
