@@ -209,3 +209,33 @@ def test_the_quickstart_config_shown_loads():
 
     cfg = load_config(ROOT / "flower_dp" / "experiments" / "configs" / "quickstart.toml")
     assert cfg.algorithm["name"] == "dyn_d2p" and cfg.n_nodes == 8
+
+
+def _trace_module():
+    """``scripts/trace_config_value.py``, imported from its path."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("trace_config_value", ROOT / "scripts" / "trace_config_value.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("key, climbs_only", [("algorithm.params.lr", False), ("algorithm.params.epsilon", True)])
+def test_the_config_walk_in_architecture_md_is_todays(key, climbs_only, tmp_path):
+    """The walk of a config value from ``flower-dp run`` to the nodes that architecture.md shows is what
+    ``scripts/trace_config_value.py`` traces today (line numbers aside), and ``lr`` climbs a layer at most twice."""
+    trace = _trace_module()
+    steps = trace.trace(trace.DEFAULT_CONFIG, key, tmp_path / "run")
+    got = trace.report(steps)
+    if climbs_only:
+        got = got[got.index("climbs:"):]
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    m = re.search(rf"<!-- trace: scripts/trace_config_value.py {re.escape(key)}[^>]*-->\n```\n(.*?)```", text, re.S)
+    assert m, f"architecture.md shows no trace of {key}"
+    strip = lambda s: re.sub(r":\d+", "", s).strip()  # noqa: E731
+    assert strip(m.group(1)) == strip(got), f"re-run `python scripts/trace_config_value.py {key}`; today:\n{got}"
+    if key == "algorithm.params.lr":
+        assert sum(s.climb for s in steps) <= 2
