@@ -239,3 +239,16 @@ def test_the_config_walk_in_architecture_md_is_todays(key, climbs_only, tmp_path
     assert strip(m.group(1)) == strip(got), f"re-run `python scripts/trace_config_value.py {key}`; today:\n{got}"
     if key == "algorithm.params.lr":
         assert sum(s.climb for s in steps) <= 2
+
+
+def test_the_readme_run_lines_are_the_ones_the_diff_tests_run():
+    """The ``flwr run`` line after each README diff uses the SuperNode count (and, for GauLRQ, the run config)
+    with which its test runs the diffed app."""
+    readme = " ".join(README.read_text().split())
+    gau = (ROOT / "tests" / "test_readme_gau_lrq_diff.py").read_text()
+    n = re.search(r"^NUM_SUPERNODES = (\d+)", gau, re.M).group(1)
+    run_config = re.search(r'^RUN_CONFIG = "([^"]+)"', gau, re.M).group(1)
+    assert f'flwr run . --stream --federation-config "num-supernodes={n}" --run-config "{run_config}"' in readme
+    push_sum = (ROOT / "tests" / "test_push_sum_readme_diff.py").read_text()
+    n = re.search(r"^N = (\d+)", push_sum, re.M).group(1)
+    assert f'flwr run . --stream --federation-config "num-supernodes={n}"' in readme
