@@ -403,7 +403,7 @@ def privsgp_block_scores(
     PrivSGP (``clients/privsgp_vr.py``) splits its ``J = blocks * block`` records ONCE into fixed blocks
     of ``block`` records and releases, at each step, the mean of the clipped gradients of one block drawn
     uniformly plus ``N(0, sigma^2 I_dim)``, ``sigma = nu * clip / block`` (``nu`` is the std over the
-    per-record unit ``G / b``).  Worst-case neighbours (issue 12): every record's clipped gradient is
+    per-record unit ``G / b``).  Worst-case neighbours: every record's clipped gradient is
     ``-C e_0``; in world 1 the canary's is ``+C e_0`` instead (its raw gradient ``3 C e_0`` clipped, one
     record *replaced*), so the block mean moves by ``2 C / b`` whenever the canary's block is drawn
     (probability ``1 / blocks``), twice the ``C / b`` of an add/remove neighbour.
@@ -455,8 +455,9 @@ def privsgp_block_scores(
 
 
 def old_privsgp_epsilon(*, nu: float, blocks: int, steps: int, delta: float) -> float:
-    """What the project claimed before issue 12 for the same noise: Poisson ``q = b/J = 1/blocks``,
-    sensitivity ``G/b`` (multiplier ``nu``), add/remove (PLD)."""
+    """The eps that fixed blocks would get if accounted as Poisson sampling: ``q = b/J = 1/blocks``, sensitivity
+    ``G/b`` (multiplier ``nu``), add/remove (PLD).  It is not a bound for fixed blocks under replace-one; the
+    ``privsgp_blocks`` audit measures an eps above it."""
     from .privacy import GaussianStep, rigorous_epsilon
 
     return rigorous_epsilon([GaussianStep(1.0 / blocks, nu, steps)], delta, accountant="pld")
@@ -502,8 +503,8 @@ MECHANISMS: dict[str, dict] = {
     "gaussian": {"nu": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "steps": 1},
     "pushsum": {"nu": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "lr": 0.1},
     "lrq": {"nu": 1.0, "q": 1.0, "S2": 1.0, "adjacency": "add_remove"},
-    # PrivSGP's fixed blocks (issue 12): 2 blocks of 4, nu = 1.5: the old accounting claimed 2.02, the
-    # fixed-block/replace-one accounting says 5.22; 1e6 trials measure eps >= ~3.4
+    # PrivSGP's fixed blocks: 2 blocks of 4, nu = 1.5: Poisson accounting says 2.02, the fixed-block /
+    # replace-one accounting 5.22; 1e6 trials measure eps >= ~3.4
     "privsgp_blocks": {"nu": 1.5, "blocks": 2, "block": 4, "clip": 1.0, "dim": 4, "steps": 1},
 }
 
@@ -560,7 +561,7 @@ def run_audit(
             s0, s1 = privsgp_block_scores(trials, rng, **p)
             steps = [GaussianStep(1.0 / p["blocks"], p["nu"], p["steps"], "fixed_size", p["blocks"])]
             adjacency = "replace_one"
-            # the "claim" refuted here is the project's own old accounting of the same noise
+            # the "claim" refuted here is the Poisson accounting of the same noise (old_privsgp_epsilon)
             eps_paper = old_privsgp_epsilon(nu=p["nu"], blocks=p["blocks"], steps=p["steps"], delta=check_delta(delta))
             p = {**p, "claim": "old accounting (Poisson q = b/J, sensitivity G/b, add/remove)"}
         else:

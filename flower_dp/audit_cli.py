@@ -4,7 +4,7 @@ Example::
 
     flower-dp audit --mechanism gaussian --trials 1000000 --delta 1e-5 --seed 0
     flower-dp audit --mechanism paper-gau-lrq-n5760 --trials 1000000 --seed 0 --json audit.json
-    flower-dp audit --mechanism privsgp_blocks --trials 1000000 --seed 0   # fixed blocks vs the old accounting
+    flower-dp audit --mechanism privsgp_blocks --trials 1000000 --seed 0   # fixed blocks vs Poisson accounting
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ passes them through :func:`release_metrics`, which keeps only :data:`PUBLIC_NODE
   file says ``"uncharged_statistics_released": true`` with a warning; or
 * the node is not private (its plan charges nothing: SGP, non-private baselines, ablations with
   the noise off, the toy demo node): there is no privacy claim to protect (eps = inf is reported),
-  so its training statistics are released as before.
+  so its training statistics are released.
 
 Released by default: the noised messages themselves (push-sum shares, their weights) and their
 bit counts, public schedule values (noise std, clip bound), test-set metrics of the

@@ -5,7 +5,7 @@ COMMON.md 2.1: every random draw comes from a stream keyed by a key, the node, t
 a node redraws the same numbers for the same ``k`` (a relay node rebuilt between ``contribute(k)``
 and ``local_step(k)`` replays ``k`` exactly) and nothing here touches global RNG state.
 
-Threat model (DESIGN.md "Privacy: tell the truth", issue 12 item 2).  The seed of a run is public:
+Threat model (DESIGN.md "Privacy: tell the truth").  The seed of a run is public:
 it is written to ``results.json`` and the plan summary.  So the streams of the *private* purposes
 (:data:`PRIVATE_PURPOSES`: ``"noise"`` - privacy noise - and ``"data"`` - private sampling: Poisson
 batches, PrivSGP's block choice) are keyed by a **node secret**, not by the seed:
@@ -17,7 +17,7 @@ batches, PrivSGP's block choice) are keyed by a **node secret**, not by the seed
   node restored from a checkpoint (resume, a restart after a dead worker) draws a *fresh* secret:
   its later steps get fresh, independent noise, which is valid (the released steps were charged).
 * reproducible mode (``reproducible=True``, ``[run] reproducible = true``, ``--reproducible``): the
-  key is the run seed, exactly the streams of earlier versions, so every backend draws the same
+  key is the run seed, so every backend draws the same
   numbers and a resumed run equals an uninterrupted one.  A simulation mode: the privacy guarantee
   holds only against parties that do not know the seed; results say so (:func:`noise_record`).
 

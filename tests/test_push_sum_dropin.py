@@ -57,8 +57,14 @@ def test_user_app_switched_to_push_sum(tmp_path, monkeypatch):
         assert states[nd.node_id]["w"] == pytest.approx(nd.w, abs=1e-12)
 
 
-def test_readme_shows_the_drop_in_lines():
-    """The README's drop-in snippet is the one the example (and the test above) runs."""
+def test_the_readme_diff_calls_what_the_example_runs():
+    """The README's push-sum drop-in diff builds its ClientApp and strategy with the calls the example (and the
+    test above) runs: ``make_client_app(model_builder(Net, ...))``, ``plan_spec("dyn_d2p", ...)``,
+    ``PushSumStrategy(...)``."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert "make_client_app(model_builder(Net, load_data))" in readme
-    assert "plan_spec(" in readme and "PushSumStrategy(" in readme
+    after = readme[readme.index("**My own Flower app -> private push-sum**"):]
+    start = after.index("```diff")
+    diff = after[start:after.index("```", start + 3)]
+    example = "".join(p.read_text() for p in (APP_DIR / "dropin_app").glob("*_app.py"))
+    for call in ("make_client_app(model_builder(Net, ", 'plan_spec("dyn_d2p", {', "PushSumStrategy("):
+        assert call in diff and call in example, call
