@@ -197,6 +197,12 @@ def differences(table: str, scale: str) -> list[str]:
     ]
 
 
+def _diag_table() -> Table:
+    from .dp_csgp_diag import TABLE
+
+    return TABLE
+
+
 def _table(table: str, title: str) -> Table:
     return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
@@ -205,7 +211,8 @@ PAPER = paper_of_tables(
     name="dp-csgp",
     title="DP-CSGP: differentially private compressed stochastic gradient push",
     tables={"fig1-2": _table("fig1-2", "Figs. 1-2, rand_a and gsgd_b vs DP2-SGD on the 2-layer net"),
-            "fig3-4": _table("fig3-4", "Figs. 3-4, rand_a and gsgd_b vs DP2-SGD on ResNet-18 / CIFAR-10 (full scale)")},
+            "fig3-4": _table("fig3-4", "Figs. 3-4, rand_a and gsgd_b vs DP2-SGD on ResNet-18 / CIFAR-10 (full scale)"),
+            "diag": _diag_table()},
     default_table="fig1-2",
     default_seeds={"smoke": 1, "ci": 2, "full": 5},
 )

@@ -170,7 +170,7 @@ def _gradnorm_spec(scale: str, seed: int, model: str, clip: float | None) -> Run
     tag = "nonprivate" if clip is None else f"clip{clip:g}"
     return RunSpec(slug("gradnorm", model, tag, f"s{seed}"),
                    {"part": "gradient norms", "model": model, "clip": "-" if clip is None else clip,
-                    "algorithm": "-", "eps": "-", "calibration": "-", "bounds": "-"},
+                    "algorithm": "-", "eps": math.inf, "calibration": "-", "bounds": "-"},
                    {"model": model, "dataset": s["dataset"], "clip": clip, "lr": LR, "batch": s["B"],
                     "steps": g["steps"], "every": g["every"], "probe": g["probe"], "seed": seed,
                     "test_samples": min(2000, s["test_samples"] or 2000)}, seed=seed, kind="gradnorm")
@@ -182,7 +182,7 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
 
     def spec(run_id: str, labels: dict[str, Any], params: dict[str, Any], seed: int, model: str = s["model"]):
         return pushsum_spec(
-            f"clipscale-{run_id}", {"part": "push-sum", "model": model, "algorithm": "-", "eps": "-",
+            f"clipscale-{run_id}", {"part": "push-sum", "model": model, "algorithm": "-", "eps": math.inf,
                                     "calibration": "-", "bounds": "-", "clip": "-", **labels}, seed=seed,
             num_iters=K, eval_every=min(EVAL_EVERY[scale], K), n_nodes=s["n"], model=model,
             topology="exp_one_peer", algorithm="dyn_d2p", dataset=s["dataset"], samples_per_node=s["samples_per_node"],
@@ -205,7 +205,8 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
                                                                    "bounds": bounds},
                                   {"variant": v, "epsilon": eps, "calibration": cal, **clip}, seed))
         for v, name in pairs:
-            specs.append(spec(f"{v}-clip-only-scaled", {"algorithm": name, "bounds": "scaled", "eps": "clip only"},
+            specs.append(spec(f"{v}-clip-only-scaled", {"algorithm": name, "bounds": "scaled",
+                                                                "calibration": "clip only"},
                               {"variant": v, "clip_only": True, **SCALED_CLIP}, seed))
         for eps, cal in ((3.0, "paper"), (0.3, "rigorous"), (3.0, "rigorous")):
             for v, name in pairs:
@@ -288,7 +289,7 @@ def _claims(records, scale: str) -> list[Claim]:
                          bool(CLIP["table2"]["clip_bar"] < med), f"median per-sample norm {fmt(med)}"))
     nonpriv = _pick(groups, big, algorithm="Non-private")
     for name in ("Const-D2P", "Dyn-D2P"):
-        twin = _pick(groups, big, algorithm=name, eps="clip only", bounds="scaled")
+        twin = _pick(groups, big, algorithm=name, calibration="clip only", bounds="scaled")
         if twin is not None and nonpriv is not None:
             out.append(Claim(f"{name}: with the scaled bounds clipping alone costs less than {MOVES:g}",
                              bool(nonpriv["final_acc"] - twin["final_acc"] < MOVES),
