@@ -27,7 +27,7 @@ from .dp_csgp import COMPRESSORS, DELTA, SETTINGS
 
 __all__ = ["TABLE", "T_DIAG", "LR_FACTOR", "DIAG_EPS", "DIAG_COMPRESSORS"]
 
-T_DIAG = {"smoke": 8, "ci": 300, "full": 1500}
+T_DIAG = {"smoke": 8, "ci": 300, "full": 1200}
 EVAL_EVERY = {"smoke": 4, "ci": 100, "full": 250}
 LR_FACTOR = 10
 DIAG_EPS = 0.5

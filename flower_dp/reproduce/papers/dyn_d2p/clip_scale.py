@@ -208,11 +208,6 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
             specs.append(spec(f"{v}-clip-only-scaled", {"algorithm": name, "bounds": "scaled",
                                                                 "calibration": "clip only"},
                               {"variant": v, "clip_only": True, **SCALED_CLIP}, seed))
-        for eps, cal in ((3.0, "paper"), (0.3, "rigorous"), (3.0, "rigorous")):
-            for v, name in pairs:
-                specs.append(spec(f"{v}-eps{eps:g}-{cal}-scaled", {"algorithm": name, "eps": eps, "calibration": cal,
-                                                                 "bounds": "scaled"},
-                                  {"variant": v, "epsilon": eps, "calibration": cal, **SCALED_CLIP}, seed))
         specs.append(spec(f"{SMALL_MODEL}-nonprivate", {"algorithm": "Non-private"}, {"variant": "nonprivate"}, seed,
                           model=SMALL_MODEL))
         for v, name in pairs:
@@ -220,6 +215,11 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
                                                                         "calibration": "paper", "bounds": "scaled"},
                               {"variant": v, "epsilon": 0.3, "calibration": "paper", **SMALL_CLIP}, seed,
                               model=SMALL_MODEL))
+        for eps, cal in ((3.0, "paper"), (0.3, "rigorous"), (3.0, "rigorous")):
+            for v, name in pairs:
+                specs.append(spec(f"{v}-eps{eps:g}-{cal}-scaled", {"algorithm": name, "eps": eps, "calibration": cal,
+                                                                 "bounds": "scaled"},
+                                  {"variant": v, "epsilon": eps, "calibration": cal, **SCALED_CLIP}, seed))
     return specs
 
 
