@@ -106,7 +106,8 @@ def _render(records, scale: str, out: Path):
 
 def _differences(scale: str) -> list[str]:
     return [f"T = {T_DIAG[scale]} for every run here (the figures: {SETTINGS['full']['T']} at paper scale); eps "
-            f"{DIAG_EPS:g} only; exact communication (DP2-SGD) and rand10 only."]
+            f"{DIAG_EPS:g} only; exact communication (DP2-SGD) and rand10 only.",
+            "Dataset: Fashion-MNIST stands in for MNIST (not available offline), as in Figs. 1-2 here."]
 
 
 TABLE = Table("DP-CSGP Figs. 1-2 diagnostic: clipping, step size and compression error, one factor at a time",
