@@ -64,7 +64,8 @@ for entry in "${SWEEPS[@]}"; do
   if [ "$SMOKE" = 1 ]; then dir=/tmp/device-sweep-smoke/$name; fi
   # the records and reports; checkpoints are left behind (each run's results.json says how far it got)
   tar -czf "$OUT/$name.tgz" --exclude='checkpoint*' --exclude='*.pt' --exclude='.estimate-probe' "$dir" 2>/dev/null
-  n_done=$(grep -l '"status": "\(completed\|finished\|done\)' "$dir"/runs/*/results.json 2>/dev/null | wc -l)
+  n_done=$(grep -l '"status": "\(finished\|stopped_by_budget\)' "$dir"/runs/*/results.json \
+    "$dir"/runs/*/reproduce_doc.json 2>/dev/null | wc -l)
   n_runs=$(ls -d "$dir"/runs/*/ 2>/dev/null | wc -l)
   printf '%-32s rc=%-4s run folders %3s, finished %3s, tgz %s  | %s\n' "$name" "$(cat "$OUT/$name.rc")" "$n_runs" \
     "$n_done" "$(du -h "$OUT/$name.tgz" | cut -f1)" "$(grep -E 'claims reproduced|estimate|Error|error' "$OUT/$name.log" | tail -1)"
