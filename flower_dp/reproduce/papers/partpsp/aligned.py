@@ -85,7 +85,8 @@ def aligned_spec(scale: str, seed: int, label: str, b: float | None, topo_label:
 def _build_aligned(scale: str, seeds: list[int]):
     specs = []
     for seed in seeds:
-        for topo_label in ALIGNED_TOPOS[scale]:
+        main = ALIGNED_MAIN_TOPO[scale]  # the headline graph first (a sweep stopped early has made it)
+        for topo_label in [main] + [t for t in ALIGNED_TOPOS[scale] if t != main]:
             for label in _MAIN3:
                 for b in [*ALIGNED_BS[scale], None]:
                     if b is None and topo_label != ALIGNED_MAIN_TOPO[scale]:
