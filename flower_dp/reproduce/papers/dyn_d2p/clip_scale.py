@@ -52,7 +52,7 @@ SMALL_CLIP_SCALE = 2.0
 SMALL_CLIP = {k: v * SMALL_CLIP_SCALE for k, v in CLIP["table2"].items()}
 #: the gradient-norm runs: steps, log period, probe size per scale
 GRADNORM = {"smoke": dict(steps=4, every=2, probe=16), "ci": dict(steps=200, every=50, probe=128),
-            "full": dict(steps=1500, every=100, probe=256)}
+            "full": dict(steps=600, every=50, probe=256)}
 #: a factor "moves" the accuracy when it changes it by more than this
 MOVES = 0.03
 
