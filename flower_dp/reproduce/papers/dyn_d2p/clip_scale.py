@@ -193,7 +193,6 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
     for seed in seeds:
         specs += [_gradnorm_spec(scale, seed, s["model"], None),
                   _gradnorm_spec(scale, seed, s["model"], CLIP["table2"]["clip_bar"]),
-                  _gradnorm_spec(scale, seed, s["model"], SCALED_CLIP["clip_bar"]),
                   _gradnorm_spec(scale, seed, SMALL_MODEL, None)]
         # in the order of the questions' weight (a sweep stopped early has answered the first ones)
         specs.append(spec("nonprivate", {"algorithm": "Non-private"}, {"variant": "nonprivate"}, seed))
@@ -220,6 +219,7 @@ def _build(scale: str, seeds: list[int]) -> list[RunSpec]:
                 specs.append(spec(f"{v}-eps{eps:g}-{cal}-scaled", {"algorithm": name, "eps": eps, "calibration": cal,
                                                                  "bounds": "scaled"},
                                   {"variant": v, "epsilon": eps, "calibration": cal, **SCALED_CLIP}, seed))
+        specs.append(_gradnorm_spec(scale, seed, s["model"], SCALED_CLIP["clip_bar"]))  # the norms under it, last
     return specs
 
 
