@@ -198,9 +198,17 @@ def differences(table: str, scale: str) -> list[str]:
 
 
 def _diag_table() -> Table:
-    from .dp_csgp_diag import TABLE
+    """The ``diag`` table of :mod:`.dp_csgp_diag`, imported when first used (that module imports this one)."""
+    def mod():
+        from . import dp_csgp_diag
 
-    return TABLE
+        return dp_csgp_diag
+
+    return Table("DP-CSGP Figs. 1-2 diagnostic: clipping, step size and compression error, one factor at a time",
+                 lambda scale, seeds: mod()._build(scale, seeds), lambda records, scale: mod()._claims(records, scale),
+                 lambda records, scale, out: mod()._render(records, scale, out),
+                 lambda scale: mod()._differences(scale),
+                 findings=lambda records, scale: [mod().verdict(records, scale)])
 
 
 def _table(table: str, title: str) -> Table:

@@ -311,7 +311,8 @@ def _render(records, scale: str, out: Path):
     s = SETTINGS["table2"][scale]
     lines = [f"Push-sum runs: {s['model']} (and {SMALL_MODEL}), n = {s['n']}, B = {s['B']}, lr = {LR}, "
              f"K = {K_CLIP[scale]}; scaled bounds: Cbar = {SCALED_CLIP['clip_bar']:g}, C0 = {SCALED_CLIP['clip0']:g} "
-             f"(Table 2's x {CLIP_SCALE:g}; {SMALL_MODEL}: x {SMALL_CLIP_SCALE:g}); the paper's: Cbar = {CLIP['table2']['clip_bar']:g}, "
+             f"(Table 2's x {CLIP_SCALE:g}; {SMALL_MODEL}: x {SMALL_CLIP_SCALE:g}); the paper's: "
+             f"Cbar = {CLIP['table2']['clip_bar']:g}, "
              f"C0 = {CLIP['table2']['clip0']:g}.", "", verdict(records, scale), ""]
     rows = [[g["model"], g["algorithm"], str(g["eps"]), g["calibration"], g["bounds"], fmt(g["final_acc"]),
              fmt(g["eps_rigorous"]), fmt(g["eps_paper"])] for g in groups if g["part"] == "push-sum"]

@@ -209,7 +209,8 @@ def _claims_pattern(records, scale: str) -> list[Claim]:
             share = f"; of the gap to the paper's {paper:.4f} it closes {-d / gap:.0%}" if gap > 0 else ""
             out.append(Claim(f"{lab}, b{b:g}: [0, 1] inputs lower the accuracy by more than {MOVES:g}",
                              bool(d < -MOVES),
-                             f"standard {fmt(std['final_acc'])}, unit {fmt(unit['final_acc'])} (change {fmt(d)}{share})",
+                             f"standard {fmt(std['final_acc'])}, unit {fmt(unit['final_acc'])} "
+                             f"(change {fmt(d)}{share})",
                              cells=(("standard", _vals(std, "final_acc")), ("unit", _vals(unit, "final_acc")))))
     one = pick(groups, algorithm="SGPDP", length="one epoch")
     if one is not None:
