@@ -206,3 +206,18 @@ def test_train_with_gradient_norms_logs_and_clips():
     start = torch.cat([p.detach().reshape(-1) for p in torch.nn.Sequential(torch.nn.Flatten(),
                                                                            torch.nn.Linear(12, 3)).parameters()])
     assert float((tight - start).norm()) <= 6 * 0.5 * 1e-3 + 1e-6
+
+
+def test_gradnorm_runner_records_keep_their_norms(tmp_path):
+    """A gradnorm run's record keeps its gradient-norm history (flagged as released statistics, so a re-render does
+    not strip it), and a second call reuses the run."""
+    from flower_dp.reproduce.core import record_from_doc
+    from flower_dp.reproduce.papers.dyn_d2p.clip_scale import run_gradnorm
+
+    spec = next(s for s in _specs("dyn-d2p", "clip-scale", "smoke") if s.kind == "gradnorm")
+    doc = run_gradnorm(spec, tmp_path / "g", "inprocess")
+    rec = record_from_doc(spec, doc)
+    assert rec["uncharged_statistics_released"]
+    assert [h["k"] for h in rec["history"]] == [0, 2, 4]
+    assert all(h["grad_norm_sample_median"] > 0 and h["grad_norm_batch_mean"] > 0 for h in rec["history"])
+    assert run_gradnorm(spec, tmp_path / "g", "inprocess").get("_reused")
