@@ -33,7 +33,7 @@ from flower_dp.gossip import Share
 from flower_dp.mechanisms.compressors import make_compressor
 from flower_dp.privacy import dp_csgp_calibration
 
-from .base import torch_generator, Plan, PushSumNode, _sum_tensor
+from .base import torch_generator, Plan, PushSumNode, _sum_tensor, ablate
 from .sgp import SGPParams, nonprivate_plan
 
 __all__ = ["DPCSGPParams", "DPCSGPNode", "prepare_dp_csgp"]
@@ -49,6 +49,7 @@ class DPCSGPParams(SGPParams):
     prelude_mix : True = the paper's t = 1 exchange in setup (x, w start at r_i x0, r_i);
                   False = plain SGP start (x_hat = 0)
     nonprivate : no clipping and no noise (the DP-free compressed baseline)
+    clip_only : diagnostic twin: per-sample clipping at G with no noise and nothing charged (eps = inf)
     """
 
     lr: float = 0.03
@@ -64,9 +65,14 @@ class DPCSGPParams(SGPParams):
     c2: float = 1.0
     accountant: str = "auto"
     budget_epsilon: float | None = None
+    clip_only: bool = False
 
     def problems(self) -> list[str]:
         out = super().problems()
+        if self.clip_only not in (True, False):
+            out.append(f"clip_only must be true or false, got {self.clip_only!r}")
+        if self.clip_only and self.nonprivate:
+            out.append("clip_only needs the private path (clipping at G), got nonprivate = true; set one of them")
         if not (isinstance(self.gamma_c, (int, float)) and 0 < self.gamma_c <= 1):
             out.append(f"gamma_c must be in (0, 1], got {self.gamma_c!r}")
         if self.calibration not in ("rigorous", "paper"):
@@ -108,12 +114,13 @@ def prepare_dp_csgp(p: DPCSGPParams, *, n_nodes: int, samples_per_node, num_iter
         e_r.append(cal.eps_rigorous)
         e_p.append(cal.eps_paper)
         notes.extend(f"node {i}: {w}" for w in cal.warnings)
-    return Plan(
+    plan = Plan(
         algorithm="dp_csgp", params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=K,
         dim=dim, seed=seed, q=tuple(q), clip=(np.full(K, float(p.G)),) * n_nodes, noise_std=tuple(std),
         nu=tuple(nu), eps_rigorous=tuple(e_r), eps_paper=tuple(e_p), delta=p.delta, accountant=p.accountant,
         warnings=tuple(notes),
     )
+    return ablate(plan, noise=True, clip=False) if p.clip_only else plan  # the clip-only twin: G, no noise
 
 
 class DPCSGPNode(PushSumNode):

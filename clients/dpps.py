@@ -269,6 +269,11 @@ class DPPSNode(PushSumNode):
         self.l = state["l"].to(self.device)
         self.S_prev, self.L1_prev = float(state["S_prev"]), float(state["L1_prev"])
 
+    def params_with_shared(self, shared: torch.Tensor) -> torch.Tensor:
+        """The full flat vector of ``shared`` (a shared part, e.g. the network average of the nodes' ``z``) with
+        this node's own head ``l``."""
+        return self._assemble(shared.to(self.x), self.l)
+
 
 class PEDFLNode(DPSGDNode):
     """PEDFL approximation: D-PSGD with Laplace noise ``gamma_n Lap(S_real / b)`` on the sent model;

@@ -102,7 +102,7 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
                         seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs, device=args.device,
-                        estimate="only" if args.estimate else None,
+                        estimate="only" if args.estimate else (False if args.no_estimate else None),
                         runs=args.runs.split(",") if args.runs is not None else None)
         reps = [rep] if rep is not None else []
     for rep in reps:
@@ -161,6 +161,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--estimate", action="store_true",
                    help="print the CPU hours of the unfinished runs, measured on one segment, and exit (the full and "
                         "paper scales print it before every sweep)")
+    p.add_argument("--no-estimate", action="store_true",
+                   help="skip the estimate the full and paper scales print before a sweep (its probe segment costs "
+                        "CPU time, e.g. when the sweep was estimated already)")
     p.add_argument("--backend", default="inprocess", choices=["inprocess", "flower"],
                    help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
     p.add_argument("--device", default=None,

@@ -91,6 +91,7 @@ class RunSpec:
              or the keyword arguments of the paper's own runner (other kinds)
     seed : the seed (also in ``config``); records with equal labels and different seeds are averaged
     kind : "pushsum" (the experiment runner) or a paper-specific runner name
+    node_eval : push-sum only: the final nodes are also evaluated one by one (:mod:`.node_eval`)
     """
 
     run_id: str
@@ -98,6 +99,8 @@ class RunSpec:
     config: dict[str, Any]
     seed: int = 0
     kind: str = "pushsum"
+    node_eval: bool = False
+    """push-sum runs: also evaluate each node on the shared average with its own head (:mod:`.node_eval`)"""
 
 
 #: a claim discriminates when the range of its cells' means exceeds this many times the largest seed std of a cell
@@ -311,6 +314,9 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
         doc["_reused"] = True
         return doc
     if backend == "flower":
+        if spec.node_eval:
+            raise ValueError(f"run {spec.run_id!r} asks for node_eval, which the inprocess backend alone computes; "
+                             "got backend 'flower': run it with --backend inprocess")
         from ..experiments.flower_backend import run_flower_experiment
 
         run_flower_experiment(cfg, out_dir=run_dir)
@@ -319,14 +325,20 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
 
         resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and same
         try:
-            run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
+            result = run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
         except CheckpointError as err:  # unreadable (older format, corrupted): this run starts again, the rest stand
             if not resume:
                 raise
             print(f"flower-dp: {spec.run_id}: its checkpoint cannot be resumed ({err}); running it from the start",
                   file=sys.stderr)
             (run_dir / rio.CHECKPOINT_NAME).unlink(missing_ok=True)
-            run_experiment(cfg, out_dir=run_dir, resume=False, progress=True)
+            result = run_experiment(cfg, out_dir=run_dir, resume=False, progress=True)
+        if spec.node_eval and result.status in _DONE:
+            from .node_eval import node_eval_record
+
+            doc = rio.read_json(run_dir / "results.json") or {}
+            doc["extra_record"] = {**doc.get("extra_record", {}), **node_eval_record(cfg, result.nodes)}
+            rio.write_json(run_dir / "results.json", doc)
     doc = rio.read_json(run_dir / "results.json")
     if doc is None:
         raise RuntimeError(f"run {spec.run_id!r} wrote no results.json in {str(run_dir)!r}")

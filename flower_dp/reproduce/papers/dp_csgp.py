@@ -197,6 +197,20 @@ def differences(table: str, scale: str) -> list[str]:
     ]
 
 
+def _diag_table() -> Table:
+    """The ``diag`` table of :mod:`.dp_csgp_diag`, imported when first used (that module imports this one)."""
+    def mod():
+        from . import dp_csgp_diag
+
+        return dp_csgp_diag
+
+    return Table("DP-CSGP Figs. 1-2 diagnostic: clipping, step size and compression error, one factor at a time",
+                 lambda scale, seeds: mod()._build(scale, seeds), lambda records, scale: mod()._claims(records, scale),
+                 lambda records, scale, out: mod()._render(records, scale, out),
+                 lambda scale: mod()._differences(scale),
+                 findings=lambda records, scale: [mod().verdict(records, scale)])
+
+
 def _table(table: str, title: str) -> Table:
     return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
@@ -205,7 +219,8 @@ PAPER = paper_of_tables(
     name="dp-csgp",
     title="DP-CSGP: differentially private compressed stochastic gradient push",
     tables={"fig1-2": _table("fig1-2", "Figs. 1-2, rand_a and gsgd_b vs DP2-SGD on the 2-layer net"),
-            "fig3-4": _table("fig3-4", "Figs. 3-4, rand_a and gsgd_b vs DP2-SGD on ResNet-18 / CIFAR-10 (full scale)")},
+            "fig3-4": _table("fig3-4", "Figs. 3-4, rand_a and gsgd_b vs DP2-SGD on ResNet-18 / CIFAR-10 (full scale)"),
+            "diag": _diag_table()},
     default_table="fig1-2",
     default_seeds={"smoke": 1, "ci": 2, "full": 5},
 )

@@ -5,14 +5,14 @@ sit between); accuracy rises with eps; and, ours, the rigorous eps of the paper'
 calibration next to its target.
 
 One module per table: :mod:`.tables` (Tables 1 and 2: one grid, two settings), :mod:`.diag` (the Table 2
-diagnostics), :mod:`.fig1`, :mod:`.fig4`, :mod:`.fig5a`, :mod:`.fig5b`; :mod:`._shared` holds the algorithms,
+diagnostics), :mod:`.clip_scale` (Table 2 with clip bounds scaled to the measured gradient norms), :mod:`.fig1`, :mod:`.fig4`, :mod:`.fig5a`, :mod:`.fig5b`; :mod:`._shared` holds the algorithms,
 the paper's numbers, the settings and the differences from the paper they share.
 """
 
 from __future__ import annotations
 
 from ...core import paper_of_tables
-from . import diag, fig1, fig4, fig5a, fig5b, tables
+from . import clip_scale, diag, fig1, fig4, fig5a, fig5b, tables
 from ._shared import ALGS, CLIP, DELTA, PAPER_EPS, PAPER_TABLES, SETTINGS
 from .fig1 import FIG1
 from .fig4 import FIG4_EPS, FIG4_INV
@@ -29,6 +29,7 @@ PAPER = paper_of_tables(
         "table2": tables.TABLE2,
         "table1": tables.TABLE1,
         "table2-diag": diag.TABLE,
+        "clip-scale": clip_scale.TABLE,
         "fig1": fig1.TABLE,
         "fig4": fig4.TABLE,
         "fig5a": fig5a.TABLE,
@@ -36,4 +37,5 @@ PAPER = paper_of_tables(
     },
     default_table="table2",
     paper_scale=lambda table, spec: tables._paper_scale_keeps(table, spec),
+    runners={"gradnorm": clip_scale.run_gradnorm},
 )

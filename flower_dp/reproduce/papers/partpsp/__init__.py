@@ -7,14 +7,15 @@ eps is ``eps_heuristic`` (no DP proof, not record-level; ``eps_rigorous`` is nul
 Laplace releases under the estimated sensitivity.
 
 One module per table: :mod:`.table2` (with Fig. 2), :mod:`.fig2_diag` (why est < real in a few Fig. 2 rounds:
-the reset rounds, and the safe floor), :mod:`.table3`, :mod:`.table4`, :mod:`.fig3`, :mod:`.fig4`;
+the reset rounds, and the safe floor), :mod:`.table3`, :mod:`.table4`, :mod:`.fig3`, :mod:`.fig4`,
+:mod:`.aligned` (Table 2 aligned with the authors' code; the runs behind PartPSP-2's and SGPDP's patterns);
 :mod:`._shared` holds the algorithms, graphs, settings and run parameters they share.
 """
 
 from __future__ import annotations
 
 from ...core import paper_of_tables
-from . import fig2_diag, fig3, fig4, table2, table3, table4
+from . import aligned, fig2_diag, fig3, fig4, table2, table3, table4
 from ._shared import PAPER_ROUNDS, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS
 from .fig3 import FIG3_DEG, FIG3_SPLITS, PAPER_FIG3
 from .fig4 import FIG4_CLIP, FIG4_DEG, FIG4_MODELS, FIG4_N, FIG4_ROUNDS, PAPER_FIG4, PAPER_FIG4_RESNET
@@ -33,6 +34,7 @@ PAPER = paper_of_tables(
     name="partpsp",
     title="DPPS / PartPSP: differentially private perturbed push-sum with partial sharing",
     tables={"table2": table2.TABLE, "fig2-diag": fig2_diag.TABLE, "table3": table3.TABLE, "table4": table4.TABLE,
-            "fig3": fig3.TABLE, "fig4": fig4.TABLE},
+            "fig3": fig3.TABLE, "fig4": fig4.TABLE, "table2-aligned": aligned.TABLE_ALIGNED,
+            "pattern-diag": aligned.TABLE_PATTERN},
     default_table="table2",
 )
