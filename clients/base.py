@@ -83,7 +83,7 @@ class Plan:
     noise_std : tuple of ndarray (K,), per node
         Gaussian std per coordinate on the *batch-mean* gradient (0 = no noise).  DPPS: zeros
         (its Laplace scale is data dependent, ``gamma_n S / b``).
-    nu : tuple of ndarray (K,), per node
+    noise_multiplier : tuple of ndarray (K,), per node
         Noise multiplier charged per step: Gaussian std / (clip / B), or DPPS's Laplace ``gamma_n / b``.
     eps_rigorous, eps_paper : tuple of float, per node
         Rigorous (PLD/RDP) eps of the planned noise over ``num_iters`` and the paper formula's eps.
@@ -99,7 +99,7 @@ class Plan:
         ``population[i]`` fixed blocks per step, ``q = 1 / population[i]``).
     population : tuple of int, per node
         For ``fixed_size``: what the batch is drawn from (the number of blocks); empty otherwise.
-    nu_always : tuple of ndarray (K,), per node
+    noise_multiplier_always : tuple of ndarray (K,), per node
         A non-sampled Gaussian charged with every step (PrivSGP-VR's table average, present
         whichever block is drawn; see ``privsgp_vr_calibration``); empty = none.
     heuristic : bool
@@ -126,7 +126,7 @@ class Plan:
     q: tuple[float, ...]
     clip: tuple[np.ndarray, ...] = field(repr=False)
     noise_std: tuple[np.ndarray, ...] = field(repr=False)
-    nu: tuple[np.ndarray, ...] = field(repr=False)
+    noise_multiplier: tuple[np.ndarray, ...] = field(repr=False)
     eps_rigorous: tuple[float | None, ...]
     eps_paper: tuple[float, ...]
     delta: float
@@ -137,7 +137,7 @@ class Plan:
     warnings: tuple[str, ...] = ()
     sampling: str = "poisson"
     population: tuple[int, ...] = ()
-    nu_always: tuple[np.ndarray, ...] = field(default=(), repr=False)
+    noise_multiplier_always: tuple[np.ndarray, ...] = field(default=(), repr=False)
     node_delta: tuple[float, ...] = ()
     eps_heuristic: tuple[float, ...] = ()
     reproducible: bool = False
@@ -146,18 +146,18 @@ class Plan:
         # the std a node draws and the steps it is charged describe one release: a plan that would draw
         # noise it never charges (or charge noise it never draws) is refused here, not found in a ledger
         for i in range(len(self.noise_std)):
-            std, nu = np.asarray(self.noise_std[i]), np.asarray(self.nu[i])
+            std, nu = np.asarray(self.noise_std[i]), np.asarray(self.noise_multiplier[i])
             if std.shape != nu.shape:
-                raise ValueError(f"node {i}: noise_std has shape {std.shape} but nu {nu.shape}, got a mismatch; "
+                raise ValueError(f"node {i}: noise_std has shape {std.shape} but noise_multiplier {nu.shape}, got a mismatch; "
                                  "one entry per iteration in both")
             if self.heuristic:
                 continue
             charged = np.isfinite(nu) & (nu > 0)
             if self.private and not np.array_equal(std > 0, charged):
                 k = int(np.flatnonzero((std > 0) != charged)[0])
-                raise ValueError(f"node {i} iteration {k}: noise_std = {std[k]} but nu = {nu[k]}, got a release "
+                raise ValueError(f"node {i} iteration {k}: noise_std = {std[k]} but noise_multiplier = {nu[k]}, got a release "
                                  "that is drawn but not charged or charged but not drawn; both must be > 0 "
-                                 "(finite nu) or both off (std 0, nu inf)")
+                                 "(finite noise_multiplier) or both off (std 0, noise_multiplier inf)")
             if not self.private and (std > 0).any():
                 raise ValueError(f"node {i}: a plan with private=False draws noise (noise_std > 0), got "
                                  f"max {float(std.max())}; nothing would be charged for it")
@@ -183,15 +183,15 @@ class Plan:
         plan's eps use them.
         """
         stop = self.num_iters if stop is None else int(stop)
-        nu = self.nu[i][start:stop]
+        nu = self.noise_multiplier[i][start:stop]
         if self.heuristic:
             return [LaplaceStep(float(v)) for v in nu]
         pop = self.population[i] if self.sampling == "fixed_size" else None
-        sampling = TABLE_SAMPLING if self.nu_always and self.sampling == "fixed_size" else self.sampling
+        sampling = TABLE_SAMPLING if self.noise_multiplier_always and self.sampling == "fixed_size" else self.sampling
         main = [GaussianStep(self.q[i], float(v), 1, sampling, pop) for v in nu]
-        if not self.nu_always:
+        if not self.noise_multiplier_always:
             return main
-        extra = [GaussianStep(1.0, float(v)) for v in self.nu_always[i][start:stop]]
+        extra = [GaussianStep(1.0, float(v)) for v in self.noise_multiplier_always[i][start:stop]]
         return [s for pair in zip(main, extra) for s in pair]
 
     def charged_steps(self, i: int, start: int = 0, stop: int | None = None) -> list:
@@ -199,7 +199,7 @@ class Plan:
         add noise (multiplier > 0 and finite); none for a non-private plan."""
         if not self.private:
             return []
-        return [s for s in self.steps(i, start, stop) if s.nu > 0 and math.isfinite(s.nu)]
+        return [s for s in self.steps(i, start, stop) if s.noise_multiplier > 0 and math.isfinite(s.noise_multiplier)]
 
     def release(self, i: int, k: int) -> NoiseRelease:
         """Node ``i``'s noise release at iteration ``k``: the std it draws and the steps it is charged."""
@@ -595,8 +595,8 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
     changes: dict[str, Any] = {}
     notes = []
     if noise:
-        changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), nu=tuple(np.full(K, np.inf) for _ in plan.nu),
-                       nu_always=tuple(np.full(K, np.inf) for _ in plan.nu_always),
+        changes.update(noise_std=tuple(np.zeros(K) for _ in plan.noise_std), noise_multiplier=tuple(np.full(K, np.inf) for _ in plan.noise_multiplier),
+                       noise_multiplier_always=tuple(np.full(K, np.inf) for _ in plan.noise_multiplier_always),
                        eps_paper=(math.inf,) * plan.n_nodes, private=False,
                        **({"eps_heuristic": (math.inf,) * plan.n_nodes} if plan.heuristic
                           else {"eps_rigorous": (math.inf,) * plan.n_nodes}))

@@ -95,10 +95,10 @@ def test_given_noise_multiplier_is_the_plans_and_its_eps_is_the_accountants():
     plan = run.plan
     for i in range(3):
         assert plan.noise_std[i][0] == pytest.approx(z * 0.5 / 16, rel=1e-12)
-        assert plan.nu[i].tolist() == pytest.approx([z] * 8, rel=1e-12)
+        assert plan.noise_multiplier[i].tolist() == pytest.approx([z] * 8, rel=1e-12)
     spent = run.privacy_spent()
     assert spent.num_releases == 8 and spent.delta == 1e-5
-    want = max(rigorous_epsilon([GaussianStep(q=q, nu=z, count=8)], 1e-5) for q in plan.q)
+    want = max(rigorous_epsilon([GaussianStep(q=q, noise_multiplier=z, count=8)], 1e-5) for q in plan.q)
     assert spent.epsilon == pytest.approx(want, rel=1e-9)
 
 

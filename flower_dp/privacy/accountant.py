@@ -118,7 +118,7 @@ TABLE_SAMPLING = "fixed_size_table"
 SAMPLING_ALIASES = {"without_replacement": "fixed_size"}
 DEFAULT_ACCOUNTANT = "auto"
 #: PLD discretization (dp-accounting's default is 1e-4; 1e-3 is ~8x faster and still pessimistic:
-#: 1.8289 vs 1.8282 for nu=1, q=0.01, 1000 steps, delta=1e-5).  Histories with more than
+#: 1.8289 vs 1.8282 for noise_multiplier=1, q=0.01, 1000 steps, delta=1e-5).  Histories with more than
 #: ``FINE_LEVELS`` distinct levels use ``PLD_DISCRETIZATION_MANY`` (~2x faster, ~0.2% higher eps).
 PLD_DISCRETIZATION = 1e-3
 PLD_DISCRETIZATION_MANY = 2e-3
@@ -163,13 +163,14 @@ logging.getLogger("absl").addFilter(_QuietFractionalOrders())
 
 @dataclass(frozen=True)
 class GaussianStep:
-    """``count`` subsampled Gaussian releases with noise multiplier ``nu`` (std / per-record clip bound C).
+    """``count`` subsampled Gaussian releases with noise multiplier ``noise_multiplier`` (std / per-record clip
+    bound C).
 
     Parameters
     ----------
     q : float in (0, 1]
         Sampling rate (Poisson: inclusion probability; without replacement: B / dataset_size).
-    nu : float > 0
+    noise_multiplier : float > 0
         Noise std divided by C (``inf`` = no release, costs nothing).
     count : int >= 0
     sampling : {"poisson", "fixed_size", "fixed_size_table"}  (``"without_replacement"`` is an alias of
@@ -181,14 +182,15 @@ class GaussianStep:
     """
 
     q: float
-    nu: float
+    noise_multiplier: float
     count: int = 1
     sampling: str = "poisson"
     dataset_size: int | None = None
 
     def __post_init__(self) -> None:
         check_probability("q", self.q, hint="q is the sampling rate B/J")
-        check_positive("nu", self.nu, allow_inf=True, hint="nu is the noise std divided by the clip bound")
+        check_positive("noise_multiplier", self.noise_multiplier, allow_inf=True,
+                       hint="noise_multiplier is the noise std divided by the clip bound")
         check_int("count", self.count, minimum=0)
         object.__setattr__(self, "sampling", SAMPLING_ALIASES.get(self.sampling, self.sampling))
         check_choice("sampling", self.sampling, SAMPLINGS)
@@ -204,13 +206,15 @@ class GaussianStep:
 
 @dataclass(frozen=True)
 class LaplaceStep:
-    """``count`` Laplace releases with scale / L1-sensitivity = ``nu`` (pure ``1/nu``-DP each)."""
+    """``count`` Laplace releases with scale / L1-sensitivity = ``noise_multiplier`` (pure
+    ``1/noise_multiplier``-DP each)."""
 
-    nu: float
+    noise_multiplier: float
     count: int = 1
 
     def __post_init__(self) -> None:
-        check_positive("nu", self.nu, allow_inf=True, hint="nu is the Laplace scale divided by the L1 sensitivity")
+        check_positive("noise_multiplier", self.noise_multiplier, allow_inf=True,
+                       hint="noise_multiplier is the Laplace scale divided by the L1 sensitivity")
         check_int("count", self.count, minimum=0)
 
 
@@ -230,9 +234,9 @@ def _merge(steps: Iterable[Step], rel: float) -> OrderedDict[tuple, int]:
     merged: OrderedDict[tuple, int] = OrderedDict()
     for s in steps:
         if isinstance(s, GaussianStep):
-            key = ("g", float(s.q), _round_down(float(s.nu), rel), s.sampling, s.dataset_size)
+            key = ("g", float(s.q), _round_down(float(s.noise_multiplier), rel), s.sampling, s.dataset_size)
         elif isinstance(s, LaplaceStep):
-            key = ("l", _round_down(float(s.nu), rel))
+            key = ("l", _round_down(float(s.noise_multiplier), rel))
         else:
             raise UnsupportedEventError(f"unsupported privacy step {s!r}; use GaussianStep or LaplaceStep")
         if s.count:
@@ -337,12 +341,12 @@ def _plan_events(merged: tuple[Step, ...], accountant: str, adjacency: str, nati
         half = 2.0 if adjacency == "replace_one" and not native_replace else 1.0
     events = []
     for s in merged:
-        if math.isinf(s.nu):
+        if math.isinf(s.noise_multiplier):
             continue
         if isinstance(s, LaplaceStep):
-            ev: dpa.DpEvent = dpa.LaplaceDpEvent(s.nu / half)
+            ev: dpa.DpEvent = dpa.LaplaceDpEvent(s.noise_multiplier / half)
         else:
-            ev = dpa.GaussianDpEvent(s.nu / half)
+            ev = dpa.GaussianDpEvent(s.noise_multiplier / half)
             if s.q < 1 and native_swor:
                 ev = dpa.SampledWithoutReplacementDpEvent(int(s.dataset_size), int(round(s.q * s.dataset_size)), ev)
             elif s.q < 1 and not unsampled:
@@ -391,8 +395,8 @@ class _RoundedUp:
 def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discretization: float,
              native_swor: bool = False):
     if accountant == "pld" and _subsampled_replace_one(merged, adjacency):  # the symmetrised pair (module doc)
-        steps = [("laplace", 1.0, s.nu, s.count) if isinstance(s, LaplaceStep) else ("gaussian", s.q, s.nu, s.count)
-                 for s in merged if not math.isinf(s.nu) and s.count]
+        steps = [("laplace", 1.0, s.noise_multiplier, s.count) if isinstance(s, LaplaceStep) else ("gaussian", s.q, s.noise_multiplier, s.count)
+                 for s in merged if not math.isinf(s.noise_multiplier) and s.count]
         return _RoundedUp(replace_one.compose_symmetrised(steps, discretization)), bool(steps)
     relation, events = _plan_events(merged, accountant, adjacency, native_swor)
     fast = _fast_levels(relation, events)
@@ -419,15 +423,15 @@ def _compose(merged: tuple[Step, ...], accountant: str, adjacency: str, discreti
 def _prepare(steps, accountant, adjacency, bucket_rel, max_buckets) -> tuple[Step, ...]:
     check_choice("accountant", accountant, ACCOUNTANTS)
     check_choice("adjacency", adjacency, ADJACENCIES)
-    return tuple(s for s in bucket_steps(steps, bucket_rel, max_buckets=max_buckets) if not math.isinf(s.nu))
+    return tuple(s for s in bucket_steps(steps, bucket_rel, max_buckets=max_buckets) if not math.isinf(s.noise_multiplier))
 
 
 def _split_pure(merged: tuple[Step, ...], adjacency: str) -> tuple[tuple[Step, ...], float]:
     """Take out Laplace steps with huge per-release eps; return (rest, their basic-composition eps)."""
     factor = 2.0 if adjacency == "replace_one" else 1.0
-    pure = [s for s in merged if isinstance(s, LaplaceStep) and factor / s.nu > LAPLACE_BASIC_ABOVE]
+    pure = [s for s in merged if isinstance(s, LaplaceStep) and factor / s.noise_multiplier > LAPLACE_BASIC_ABOVE]
     rest = tuple(s for s in merged if s not in pure)
-    return rest, float(sum(s.count * factor / s.nu for s in pure))
+    return rest, float(sum(s.count * factor / s.noise_multiplier for s in pure))
 
 
 #: the bounds :func:`epsilon_and_bound` names, and what each one is
@@ -449,7 +453,7 @@ BOUNDS = {
 def _variants(merged: tuple[Step, ...], accountant: str, adjacency: str) -> list[tuple[str, bool]]:
     """The (accountant, native_swor) computations whose minimum is reported (each a valid upper bound)."""
     kinds = ("pld", "rdp") if accountant == "auto" else (accountant,)
-    if accountant == "auto" and min((s.nu for s in merged if isinstance(s, GaussianStep)), default=1.0) < PLD_MIN_NU:
+    if accountant == "auto" and min((s.noise_multiplier for s in merged if isinstance(s, GaussianStep)), default=1.0) < PLD_MIN_NU:
         kinds = ("rdp",)  # the PLD grid of a nearly noiseless step would not fit in memory; eps is huge anyway
     native = "rdp" in kinds and adjacency == "replace_one" and _native_swor_applies(merged)
     out = [(k, False) for k in kinds if not (k == "rdp" and native)]
@@ -487,8 +491,8 @@ def _table_parts(merged: tuple[Step, ...], adjacency: str) -> tuple[float, float
         raise UnsupportedEventError(f"a history with sampling={TABLE_SAMPLING!r} steps may hold only unsampled Gaussian "
                                     "steps beside them, all table steps at one q; got "
                                     f"{sorted({(type(s).__name__, getattr(s, 'q', None)) for s in merged})}")
-    mu_always_sq = sum(s.count * (2.0 / s.nu) ** 2 for s in other)
-    return table[0].q, min(s.nu for s in table), sum(s.count for s in table), mu_always_sq
+    mu_always_sq = sum(s.count * (2.0 / s.noise_multiplier) ** 2 for s in other)
+    return table[0].q, min(s.noise_multiplier for s in table), sum(s.count for s in table), mu_always_sq
 
 
 def _table_mixture(q: float, count: int, mu_hit_sq, mu_always_sq):
@@ -657,6 +661,11 @@ def rigorous_delta(
                for a, native in _variants(merged, accountant, adjacency))
 
 
+def _multiplier(entry: dict) -> float:
+    """A ledger entry's noise multiplier (stored as ``"nu"`` by earlier checkpoints)."""
+    return entry["noise_multiplier"] if "noise_multiplier" in entry else entry["nu"]
+
+
 class NodeAccountant:
     """One node's privacy ledger, charged at the line that draws noise (STYLE.md 2.4).
 
@@ -693,14 +702,14 @@ class NodeAccountant:
         self._ledger.append(step)
         return self
 
-    def charge_gaussian(self, *, q: float, nu: float, count: int = 1, sampling: str = "poisson",
+    def charge_gaussian(self, *, q: float, noise_multiplier: float, count: int = 1, sampling: str = "poisson",
                         dataset_size: int | None = None) -> "NodeAccountant":
         """Record ``count`` subsampled Gaussian releases (see :class:`GaussianStep`)."""
-        return self.charge(GaussianStep(q, nu, count, sampling, dataset_size))
+        return self.charge(GaussianStep(q, noise_multiplier, count, sampling, dataset_size))
 
-    def charge_laplace(self, *, nu: float, count: int = 1) -> "NodeAccountant":
+    def charge_laplace(self, *, noise_multiplier: float, count: int = 1) -> "NodeAccountant":
         """Record ``count`` Laplace releases (see :class:`LaplaceStep`)."""
-        return self.charge(LaplaceStep(nu, count))
+        return self.charge(LaplaceStep(noise_multiplier, count))
 
     def epsilon(self, delta: float, extra: Iterable[Step] = ()) -> float:
         """eps of the ledger (plus ``extra`` hypothetical steps, for look-ahead) at ``delta``."""
@@ -713,10 +722,10 @@ class NodeAccountant:
             "accountant": self.accountant,
             "adjacency": self.adjacency,
             "ledger": [
-                {"kind": "gaussian", "q": s.q, "nu": s.nu, "count": s.count, "sampling": s.sampling,
+                {"kind": "gaussian", "q": s.q, "noise_multiplier": s.noise_multiplier, "count": s.count, "sampling": s.sampling,
                  "dataset_size": s.dataset_size}
                 if isinstance(s, GaussianStep)
-                else {"kind": "laplace", "nu": s.nu, "count": s.count}
+                else {"kind": "laplace", "noise_multiplier": s.noise_multiplier, "count": s.count}
                 for s in self._ledger
             ],
         }
@@ -735,8 +744,8 @@ class NodeAccountant:
         ledger: list[Step] = []
         for e in state["ledger"]:
             if e["kind"] == "gaussian":
-                ledger.append(GaussianStep(e["q"], e["nu"], e["count"], e.get("sampling", "poisson"),
+                ledger.append(GaussianStep(e["q"], _multiplier(e), e["count"], e.get("sampling", "poisson"),
                                            e.get("dataset_size")))
             else:
-                ledger.append(LaplaceStep(e["nu"], e["count"]))
+                ledger.append(LaplaceStep(_multiplier(e), e["count"]))
         self._ledger = ledger
