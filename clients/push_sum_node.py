@@ -299,7 +299,7 @@ def _register_wire_types() -> None:
     """Allow the registry's plan and parameter dataclasses in typed specs (:func:`flower_dp.gossip.wire.register`)."""
     from flower_dp.gossip import wire
 
-    from .base import Plan
+    from .plan import Plan
     from .registry import ALGORITHMS
 
     wire.register(Plan)
