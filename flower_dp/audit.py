@@ -403,7 +403,7 @@ def privsgp_block_scores(
     PrivSGP (``clients/privsgp_vr.py``) splits its ``J = blocks * block`` records ONCE into fixed blocks
     of ``block`` records and releases, at each step, the mean of the clipped gradients of one block drawn
     uniformly plus ``N(0, sigma^2 I_dim)``, ``sigma = noise_multiplier * clip / block`` (``noise_multiplier`` is the std over the
-    per-record unit ``G / b``).  Worst-case neighbours (issue 12): every record's clipped gradient is
+    per-record unit ``G / b``).  Worst-case neighbours: every record's clipped gradient is
     ``-C e_0``; in world 1 the canary's is ``+C e_0`` instead (its raw gradient ``3 C e_0`` clipped, one
     record *replaced*), so the block mean moves by ``2 C / b`` whenever the canary's block is drawn
     (probability ``1 / blocks``), twice the ``C / b`` of an add/remove neighbour.
@@ -455,8 +455,8 @@ def privsgp_block_scores(
 
 
 def old_privsgp_epsilon(*, noise_multiplier: float, blocks: int, steps: int, delta: float) -> float:
-    """What the project claimed before issue 12 for the same noise: Poisson ``q = b/J = 1/blocks``,
-    sensitivity ``G/b`` (multiplier ``noise_multiplier``), add/remove (PLD)."""
+    """The eps of the accounting that does not fit fixed blocks, for the same noise: Poisson ``q = b/J = 1/blocks``,
+    sensitivity ``G/b`` (multiplier ``noise_multiplier``), add/remove (PLD).  The privsgp_blocks audit refutes it."""
     from .privacy import GaussianStep, rigorous_epsilon
 
     return rigorous_epsilon([GaussianStep(1.0 / blocks, noise_multiplier, steps)], delta, accountant="pld")
@@ -502,7 +502,7 @@ MECHANISMS: dict[str, dict] = {
     "gaussian": {"noise_multiplier": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "steps": 1},
     "pushsum": {"noise_multiplier": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "lr": 0.1},
     "lrq": {"noise_multiplier": 1.0, "q": 1.0, "S2": 1.0, "adjacency": "add_remove"},
-    # PrivSGP's fixed blocks (issue 12): 2 blocks of 4, noise_multiplier = 1.5: the old accounting claimed 2.02, the
+    # PrivSGP's fixed blocks: 2 blocks of 4, noise_multiplier = 1.5: Poisson add/remove accounting says 2.02, the
     # fixed-block/replace-one accounting says 5.22; 1e6 trials measure eps >= ~3.4
     "privsgp_blocks": {"noise_multiplier": 1.5, "blocks": 2, "block": 4, "clip": 1.0, "dim": 4, "steps": 1},
 }
