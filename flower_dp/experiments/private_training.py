@@ -52,21 +52,13 @@ class PrivateRun:
 
 
 def spent_over_nodes(per_node: list[dict[str, Any]]):
-    """A ``PrivacySpent`` from the nodes' privacy reports: the largest rigorous eps over the nodes at their delta
-    (the DPPS family: the heuristic composition, labelled so); None when no node is private or none reported."""
+    """A ``PrivacySpent`` of the largest eps over the nodes' privacy reports
+    (:func:`flower_dp.privacy.reports.largest_node_spend`); None when no node is private or none reported."""
+    from flower_dp.privacy.reports import largest_node_spend
     from flower_dp.strategies.flower_privacy import spent
 
-    if not per_node:
-        return None
-    rep = max(per_node, key=lambda r: float(r.get("eps_rigorous") or r.get("eps_heuristic") or 0.0))
-    heuristic = rep.get("eps_rigorous") is None
-    eps = float(rep["eps_heuristic"] if heuristic else rep["eps_rigorous"])
-    if eps == float("inf"):
-        return None
-    how = ("heuristic: composed Laplace releases of an estimated sensitivity, no DP proof" if heuristic else
-           f"flower-dp: {rep.get('accountant', 'auto')} accountant, {rep.get('adjacency', '')} record-level, "
-           "largest over the nodes")
-    return spent(eps, float(rep["delta"]), int(rep.get("steps_charged", 0)), how)
+    found = largest_node_spend(per_node)
+    return None if found is None else spent(*found)
 
 
 def _digest(model_fn: Callable[[], Any], train: tuple[Any, Any], test: tuple[Any, Any], seed: int) -> str:
