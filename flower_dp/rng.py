@@ -17,7 +17,7 @@ batches, PrivSGP's block choice) are keyed by a **node secret**, not by the seed
   node restored from a checkpoint (resume, a restart after a dead worker) draws a *fresh* secret:
   its later steps get fresh, independent noise, which is valid (the released steps were charged).
 * reproducible mode (``reproducible=True``, ``[run] reproducible = true``, ``--reproducible``): the
-  key is the run seed, exactly the streams of earlier versions, so every backend draws the same
+  key is the run seed, so every backend draws the same
   numbers and a resumed run equals an uninterrupted one.  A simulation mode: the privacy guarantee
   holds only against parties that do not know the seed; results say so (:func:`noise_record`).
 
