@@ -34,7 +34,7 @@ def _history(K: int, q: float, delta: float):
     with warnings.catch_warnings():  # the paper calibration warns that its rigorous eps is higher: expected
         warnings.simplefilter("ignore")
         sched = dyn_d2p_schedule("dyn", epsilon=2.0, delta=delta, q=q, num_iters=K, calibration="paper")
-    return [GaussianStep(q, float(v)) for v in sched.nu]
+    return [GaussianStep(q, float(v)) for v in sched.noise_multiplier]
 
 
 def rounded_up(history, levels: int):
@@ -51,11 +51,11 @@ def rounded_up(history, levels: int):
     out: Counter = Counter()
     for q in {s.q for s in history}:
         group = [s for s in history if s.q == q]
-        us = [s.nu ** -2.0 for s in group]
+        us = [s.noise_multiplier ** -2.0 for s in group]
         u0, du = min(us), (max(us) - min(us)) / max(1, levels - 1)
         for s, u in zip(group, us):
             k = math.floor((u - u0) / du + 1e-9) if du > 0 else 0  # the grid point at or below u: more noise
-            nu = max(s.nu, (u0 + k * du) ** -0.5)
+            nu = max(s.noise_multiplier, (u0 + k * du) ** -0.5)
             out[(q, nu, s.sampling, s.dataset_size)] += s.count
     return [GaussianStep(q, nu, c, smp, n) for (q, nu, smp, n), c in out.items()]
 
@@ -99,7 +99,7 @@ def _long(K: int, q: float, delta: float, repeats: int, fine_levels: int) -> dic
     pld_half = rigorous_epsilon(history, delta, accountant="pld", discretization=h / 2)
     return {
         "steps": K,
-        "distinct_noise_levels": len({s.nu for s in history}),
+        "distinct_noise_levels": len({s.noise_multiplier for s in history}),
         "buckets": len(merged),
         "seconds": round(min(times), 3),
         "median_seconds": round(statistics.median(times), 3),
@@ -148,7 +148,7 @@ def check_sandwich(K: int, *, delta: float = 1e-5, fine_levels: int = 2048, dp_a
         t0 = time.perf_counter()
         acc = dpa.pld.PLDAccountant(value_discretization_interval=h)
         for s in history:
-            acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s.nu)), s.count)
+            acc.compose(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(s.noise_multiplier)), s.count)
         out["exact_pld_dp_accounting"] = acc.get_epsilon(delta)
         out["dp_accounting_seconds"] = round(time.perf_counter() - t0, 1)
     out["contains_exact"] = out["lower"] <= exact <= out["bucketed"]
@@ -187,7 +187,7 @@ def run(quick: bool = False, *, steps: int | None = None, ref_steps: int | None 
     K_long = long_steps if long_steps is not None else (1000 if quick else 30_000)
     return {
         "steps": K,
-        "distinct_noise_levels": len({s.nu for s in history}),
+        "distinct_noise_levels": len({s.noise_multiplier for s in history}),
         "accountant": "auto (min of PLD and RDP)",
         "delta": delta,
         "q": q,

@@ -26,9 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from flower_dp import sources
+
 from .base import Plan
 
-__all__ = ["ExperimentParts", "build_parts", "model_dim", "base_topology", "run_topology", "make_run_node"]
+__all__ = ["ExperimentParts", "build_parts", "model_dim", "base_topology", "run_topology", "make_run_node",
+           "own_model", "own_dataset"]
 
 
 def model_dim(model: torch.nn.Module) -> int:
@@ -52,6 +55,23 @@ def run_topology(plan: Plan, base: Any) -> Any:
     topology = topology_for(plan, base)
     check_strongly_connected(topology)  # e.g. DPPS's 1-Out (self-loops only) is connected by its sync rounds
     return topology
+
+
+def own_model(key: str, seed: int) -> torch.nn.Module:
+    """A fresh model of the factory registered under ``key`` (:mod:`flower_dp.sources`), initialised from ``seed``
+    (the global torch RNG is left unchanged), as :func:`flower_dp.models.build_model` builds a named model."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(seed))
+        return sources.lookup(key).model_fn()
+
+
+def own_dataset(key: str, *, train: bool) -> Any:
+    """The training or test tensors registered under ``key`` as a :class:`flower_dp.data.ArrayDataset`."""
+    from flower_dp.data import ArrayDataset
+
+    src = sources.lookup(key)
+    x, y = src.train if train else src.test
+    return ArrayDataset(x, y, src.num_classes, key, synthetic=False)
 
 
 def make_run_node(plan: Plan, node_id: int, *, topology: Any, model: torch.nn.Module, data_x: Any, data_y: Any,
@@ -83,6 +103,8 @@ class ExperimentParts:
         from flower_dp.models import build_model
 
         model = self.config["model"]
+        if sources.is_own(model["name"]):
+            return own_model(model["name"], int(self.config["run"]["seed"]))
         kw = {k: v for k, v in model.items() if k != "name"}
         return build_model(model["name"], num_classes=self.train.num_classes, seed=int(self.config["run"]["seed"]),
                            **kw)
@@ -139,8 +161,11 @@ def build_parts(config: Any, *, plan: Plan | None = None, test: bool = True) -> 
     cfg = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     seed, n, data = int(cfg["run"]["seed"]), int(cfg["topology"]["n_nodes"]), cfg["data"]
     scaling = data.get("scaling", "standard")
-    train = load_dataset(data["dataset"], train=True, root=data["root"], scaling=scaling)
-    test_set = load_dataset(data["dataset"], train=False, root=data["root"], scaling=scaling) if test else None
+    if sources.is_own(data["dataset"]):
+        train, test_set = own_dataset(data["dataset"], train=True), own_dataset(data["dataset"], train=False)
+    else:
+        train = load_dataset(data["dataset"], train=True, root=data["root"], scaling=scaling)
+        test_set = load_dataset(data["dataset"], train=False, root=data["root"], scaling=scaling) if test else None
     parts = partition(np.asarray(train.y), n, scheme=data["partition"], alpha=data["alpha"], seed=seed)
     if data["samples_per_node"]:
         parts = [p[: int(data["samples_per_node"])] for p in parts]

@@ -110,14 +110,14 @@ def prepare_dp_csgp(p: DPCSGPParams, *, n_nodes: int, samples_per_node, num_iter
         cal = memo[J[i]]
         q.append(cal.q)
         std.append(np.full(K, cal.noise_std))
-        nu.append(np.full(K, cal.nu))
+        nu.append(np.full(K, cal.noise_multiplier))
         e_r.append(cal.eps_rigorous)
         e_p.append(cal.eps_paper)
         notes.extend(f"node {i}: {w}" for w in cal.warnings)
     plan = Plan(
         algorithm="dp_csgp", params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=K,
         dim=dim, seed=seed, q=tuple(q), clip=(np.full(K, float(p.G)),) * n_nodes, noise_std=tuple(std),
-        nu=tuple(nu), eps_rigorous=tuple(e_r), eps_paper=tuple(e_p), delta=p.delta, accountant=p.accountant,
+        noise_multiplier=tuple(nu), eps_rigorous=tuple(e_r), eps_paper=tuple(e_p), delta=p.delta, accountant=p.accountant,
         warnings=tuple(notes),
     )
     return ablate(plan, noise=True, clip=False) if p.clip_only else plan  # the clip-only twin: G, no noise

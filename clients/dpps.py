@@ -17,7 +17,7 @@ S_i^(t), S^(t)               ``self.S_i`` (contributed, "max"), ``reduced["S"]``
 real sensitivity             ``reduced["S_real"]`` = max_ij ||s_half_i - s_half_j||_1 (oracle)
 ===========================  ==============================================================
 
-Privacy: per round a Laplace release with ``nu = gamma_n / b`` (pure b/gamma_n-DP per
+Privacy: per round a Laplace release with ``noise_multiplier = gamma_n / b`` (pure b/gamma_n-DP per
 node-message under the *estimated* sensitivity), composed over rounds and tagged HEURISTIC.
 """
 
@@ -141,7 +141,7 @@ def _laplace_plan(name: str, p: PEDFLParams, *, n_nodes, samples_per_node, num_i
     return Plan(
         algorithm=name, params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=K, dim=dim,
         seed=seed, q=(1.0,) * n_nodes, clip=(np.full(K, float(p.clip_l1)),) * n_nodes,
-        noise_std=(np.zeros(K),) * n_nodes, nu=(gamma / p.b if private else np.full(K, np.inf),) * n_nodes,
+        noise_std=(np.zeros(K),) * n_nodes, noise_multiplier=(gamma / p.b if private else np.full(K, np.inf),) * n_nodes,
         eps_rigorous=(None,) * n_nodes, eps_heuristic=(float(eps_r),) * n_nodes, eps_paper=(float(eps_p),) * n_nodes,
         delta=p.delta,
         accountant=p.accountant, heuristic=True, private=private, warnings=tuple(notes),

@@ -139,7 +139,7 @@ def prepare_dyn_d2p(p: DynD2PParams, *, n_nodes: int, samples_per_node, num_iter
         sch = dyn_d2p_schedule(p.variant, epsilon=p.epsilon, delta=p.delta, q=q, num_iters=K, clip0=p.clip0,
                                clip_bar=p.clip_bar, rho_c=p.rho_c, rho_mu=p.rho_mu, calibration=p.calibration,
                                sensitivity_factor=f, accountant=p.accountant)
-        clip, nu, notes = sch.clip, sch.nu, list(sch.warnings)
+        clip, nu, notes = sch.clip, sch.noise_multiplier, list(sch.warnings)
         eps_rig, eps_pap = sch.eps_rigorous, sch.eps_paper
     # nu is std / (f C) (= 1/mu_k); the ledger takes std / C with the adjacency applied by the accountant.
     std_sum = nu * f * clip
@@ -147,7 +147,7 @@ def prepare_dyn_d2p(p: DynD2PParams, *, n_nodes: int, samples_per_node, num_iter
     plan = Plan(
         algorithm="dyn_d2p", params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K,
         num_iters_requested=K, dim=dim, seed=seed, q=(q,) * n_nodes, clip=(clip,) * n_nodes,
-        noise_std=(std_sum / p.batch_size,) * n_nodes, nu=(nu_charged,) * n_nodes,
+        noise_std=(std_sum / p.batch_size,) * n_nodes, noise_multiplier=(nu_charged,) * n_nodes,
         eps_rigorous=(float(eps_rig),) * n_nodes, eps_paper=(float(eps_pap),) * n_nodes, delta=p.delta,
         accountant=p.accountant, adjacency=p.adjacency, warnings=tuple(notes),
     )

@@ -167,8 +167,8 @@ def prepare_privsgp_family(name: str, p: PrivSGPParams, *, n_nodes: int, samples
         q.append(cal.q)
         pop.append(cal.dataset_size or 0)
         std.append(np.full(K, cal.noise_std))
-        nu.append(np.full(K, cal.nu))
-        nu_always.append(np.full(K, cal.nu_always))
+        nu.append(np.full(K, cal.noise_multiplier))
+        nu_always.append(np.full(K, cal.noise_multiplier_always))
         eps_rig.append(float(cal.eps_rigorous))
         eps_pap.append(float(cal.eps_paper))
     clip = np.full(K, p.G if p.clip else np.inf)
@@ -176,12 +176,12 @@ def prepare_privsgp_family(name: str, p: PrivSGPParams, *, n_nodes: int, samples
         notes.append("clip=False: G is not enforced, so the noise calibration rests on an assumed bound (8.3)")
     return Plan(
         algorithm=name, params=p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, num_iters_requested=int(num_iters),
-        dim=dim, seed=seed, q=tuple(q), clip=(clip,) * n_nodes, noise_std=tuple(std), nu=tuple(nu),
+        dim=dim, seed=seed, q=tuple(q), clip=(clip,) * n_nodes, noise_std=tuple(std), noise_multiplier=tuple(nu),
         eps_rigorous=tuple(eps_rig), eps_paper=tuple(eps_pap), delta=float(dels.max()), accountant=p.accountant,
         adjacency=adjacency, private=bool(any(s[0] > 0 for s in std)), warnings=tuple(notes), sampling=sampling,
         node_delta=tuple(float(d) for d in dels),
         population=tuple(pop) if sampling == "fixed_size" else (),
-        nu_always=tuple(nu_always) if vr else (),
+        noise_multiplier_always=tuple(nu_always) if vr else (),
     )
 
 

@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from flower_dp import sources
 from flower_dp.gossip import wire
 
 __all__ = ["make_client_app", "use_worker", "records_to_plain", "plain_to_records", "worker_dir", "call_worker",
@@ -334,9 +335,11 @@ def serve(path: str | Path, parent_pid: int, idle_s: float = DEFAULT_IDLE_S) -> 
 
 # ---------------------------------------------------------------- the ClientApp
 
-def _run_here(content: Any, context: Any, run_id: int, builder: Any) -> Any:
+def _run_here(content: Any, context: Any, run_id: int, builder: Any, own: dict[str, Any] | None = None) -> Any:
     from .push_sum_node import handle_content
 
+    if own:
+        sources.install(own)
     return handle_content(content, context, run_id, builder)
 
 
@@ -348,7 +351,10 @@ def make_client_app(builder: Any = None, *, worker: str | None = None):
     builder : callable (node_id, spec, context) -> factory, optional
         Default: ``BUILDERS[spec["builder"]]`` (``"toy"`` or ``"registry"``); for your own model and
         data, ``model_builder(model_fn, load_data)``.  A node worker cannot call a function of your process, so
-        with a builder every message runs in the ClientApp's own process.
+        with a builder every message runs in the ClientApp's own process.  The own models and data registered in
+        this process (:mod:`flower_dp.sources`, e.g. by :func:`flower_dp.train_private`) travel with the app, so
+        the nodes of a config that names them are built from them wherever the app runs (its messages then run in
+        the ClientApp's own process too).
     worker : "auto", "1" or "0", optional
         Node worker per SuperNode (see the module docstring); default ``$FLOWER_DP_NODE_WORKER`` or ``"auto"``.
     """
@@ -356,12 +362,13 @@ def make_client_app(builder: Any = None, *, worker: str | None = None):
     from flwr.clientapp import ClientApp
 
     app = ClientApp()
+    own = sources.snapshot()  # pickled with the app into the simulation's processes
 
     @app.train()
     def train(msg: Message, context: Any) -> Message:
         run_id = int(msg.metadata.run_id)
-        if builder is not None or not use_worker(worker):
-            return Message(_run_here(msg.content, context, run_id, builder), reply_to=msg)
+        if builder is not None or own or not use_worker(worker):
+            return Message(_run_here(msg.content, context, run_id, builder, own), reply_to=msg)
         reply = call_worker(f"{os.getppid()}:{context.node_id}", {
             "op": "handle", "run_id": run_id, "node_id": int(context.node_id),
             "node_config": dict(context.node_config), "run_config": dict(context.run_config),

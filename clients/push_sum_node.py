@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from flower_dp import sources
 from flower_dp.gossip import Contribution, Share
 from flower_dp.gossip import relay as keys
 from flower_dp.rng import NodeKey, numpy_rng
@@ -189,13 +190,17 @@ def spec_from_parts(parts: ExperimentParts) -> dict[str, Any]:
             "plan": parts.plan}
 
 
-def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan: Any) -> Any:
+def build_registry_node(node_id: int, device: str = "cpu", *, config: dict, plan: Any,
+                        own: dict[str, Any] | None = None) -> Any:
     """Build node ``node_id`` of an experiment config exactly as the in-process runner does.
 
     Runs where the node will live (host actor or ClientApp), through the runner's node builder
     (:func:`flower_dp.clients.builder.build_parts` with the server's plan): loads the dataset (cached per
-    process), takes this node's partition, builds the topology and the model, calls ``make_node``.
+    process), takes this node's partition, builds the topology and the model, calls ``make_node``.  ``own``: the
+    caller's own model and data the config names (:mod:`flower_dp.sources`), registered here first.
     """
+    if own:
+        sources.install(own)
     return build_parts(config, plan=plan, test=False).build_node(node_id, device)
 
 
@@ -216,7 +221,10 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 
     The returned factory is small (data is loaded where the node is built, from its partition id).
     """
-    return functools.partial(build_registry_node, config=spec["config"], plan=spec["plan"])
+    config = spec["config"]
+    names = {config["data"]["dataset"], config["model"]["name"]}
+    own = {name: sources.lookup(name) for name in names if sources.is_own(name)}
+    return functools.partial(build_registry_node, config=config, plan=spec["plan"], own=own or None)
 
 
 def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
@@ -291,7 +299,7 @@ def _register_wire_types() -> None:
     """Allow the registry's plan and parameter dataclasses in typed specs (:func:`flower_dp.gossip.wire.register`)."""
     from flower_dp.gossip import wire
 
-    from .base import Plan
+    from .plan import Plan
     from .registry import ALGORITHMS
 
     wire.register(Plan)

@@ -132,7 +132,7 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
     K = plan.num_iters
     cache: dict[tuple, int] = {}
     for i in range(plan.n_nodes):
-        key = (plan.q[i], plan.nu[i].tobytes(), plan.nu_always[i].tobytes() if plan.nu_always else b"",
+        key = (plan.q[i], plan.noise_multiplier[i].tobytes(), plan.noise_multiplier_always[i].tobytes() if plan.noise_multiplier_always else b"",
                plan.delta_of(i))
         if key not in cache:
             cache[key] = _max_iters(plan, i, budget_epsilon)
@@ -154,7 +154,7 @@ def _truncate_to_budget(plan: Plan, budget_epsilon: float) -> Plan:
     eps_fields = {"eps_heuristic": tuple(eps)} if plan.heuristic else {"eps_rigorous": tuple(eps)}
     return dataclasses.replace(
         plan, num_iters=K, clip=tuple(c[:K] for c in plan.clip), noise_std=tuple(s[:K] for s in plan.noise_std),
-        nu=tuple(v[:K] for v in plan.nu), nu_always=tuple(v[:K] for v in plan.nu_always), **eps_fields,
+        noise_multiplier=tuple(v[:K] for v in plan.noise_multiplier), noise_multiplier_always=tuple(v[:K] for v in plan.noise_multiplier_always), **eps_fields,
         warnings=plan.warnings + (note,))
 
 

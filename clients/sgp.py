@@ -61,7 +61,7 @@ def nonprivate_plan(algorithm: str, params, *, n_nodes: int, samples_per_node, n
     return Plan(
         algorithm=algorithm, params=params, n_nodes=n_nodes, samples_per_node=J, num_iters=K,
         num_iters_requested=K, dim=dim, seed=seed, q=tuple(min(1.0, batch_size / j) for j in J),
-        clip=(inf,) * n_nodes, noise_std=(zero,) * n_nodes, nu=(inf,) * n_nodes,
+        clip=(inf,) * n_nodes, noise_std=(zero,) * n_nodes, noise_multiplier=(inf,) * n_nodes,
         eps_rigorous=(math.inf,) * n_nodes, eps_paper=(math.inf,) * n_nodes, delta=0.0,
         private=False, warnings=warnings,
     )

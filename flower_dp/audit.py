@@ -290,12 +290,12 @@ def _dirac_setup(rng: np.random.Generator, *, dim: int, batch: int, clip: float)
     return clip_rows(bg, clip), clip_rows(canary[None, :], clip)[0]
 
 
-def _noisy_sums(rng, n, bg_c, canary_c, with_canary: bool, *, q: float, nu: float, clip: float):
-    """Yield blocks of DP-SGD releases ``sum_{j in Poisson(q)} clip(g_j) + N(0, (nu C)^2 I)``, shape (m, dim)."""
+def _noisy_sums(rng, n, bg_c, canary_c, with_canary: bool, *, q: float, noise_multiplier: float, clip: float):
+    """Yield blocks of DP-SGD releases ``sum_{j in Poisson(q)} clip(g_j) + N(0, (noise_multiplier C)^2 I)``, shape (m, dim)."""
     dim = canary_c.size
     for start in range(0, n, _CHUNK):
         m = min(_CHUNK, n - start)
-        out = rng.normal(0.0, nu * clip, size=(m, dim))
+        out = rng.normal(0.0, noise_multiplier * clip, size=(m, dim))
         if bg_c.shape[0]:
             mask = rng.random((m, bg_c.shape[0])) < q if q < 1 else np.ones((m, bg_c.shape[0]), dtype=bool)
             out += mask.astype(float) @ bg_c
@@ -306,12 +306,12 @@ def _noisy_sums(rng, n, bg_c, canary_c, with_canary: bool, *, q: float, nu: floa
 
 
 def gaussian_step_scores(
-    n: int, rng: np.random.Generator, *, nu: float, clip: float = 1.0, dim: int = 8, batch: int = 4, q: float = 1.0,
+    n: int, rng: np.random.Generator, *, noise_multiplier: float, clip: float = 1.0, dim: int = 8, batch: int = 4, q: float = 1.0,
     steps: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores of ``n`` short DP-SGD runs (``steps`` releases each) without / with the canary.
 
-    One step releases ``sum_{j in S} clip(g_j, C) + N(0, (nu C)^2 I_dim)`` with S Poisson(q)-sampled
+    One step releases ``sum_{j in S} clip(g_j, C) + N(0, (noise_multiplier C)^2 I_dim)`` with S Poisson(q)-sampled
     from ``batch`` fixed background records (plus the canary in world 1); add/remove adjacency,
     sensitivity C.  The score is the release projected on the canary's clipped direction, over C,
     summed over the steps (the likelihood-ratio statistic for q = 1).
@@ -322,19 +322,19 @@ def gaussian_step_scores(
     """
     bg_c, canary_c = _dirac_setup(rng, dim=dim, batch=batch, clip=clip)
     u = canary_c / clip  # unit vector
-    s = [sum(np.concatenate([blk @ u / clip for blk in _noisy_sums(rng, n, bg_c, canary_c, w, q=q, nu=nu, clip=clip)])
+    s = [sum(np.concatenate([blk @ u / clip for blk in _noisy_sums(rng, n, bg_c, canary_c, w, q=q, noise_multiplier=noise_multiplier, clip=clip)])
              for _ in range(check_int("steps", steps, minimum=1))) for w in (False, True)]
     return s[0], s[1]
 
 
 def pushsum_scores(
-    n: int, rng: np.random.Generator, *, nu: float, clip: float = 1.0, dim: int = 8, batch: int = 4, q: float = 1.0,
+    n: int, rng: np.random.Generator, *, noise_multiplier: float, clip: float = 1.0, dim: int = 8, batch: int = 4, q: float = 1.0,
     lr: float = 0.1, topology=None, node: int = 0, receiver: int | None = None, k: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores of ``n`` push-sum shares observed by a curious receiver, without / with the canary.
 
-    Node ``i = node`` takes one private step on the batch mean, ``g = (sum clip + N(0,(nu C)^2 I)) / B``
-    with ``B = batch * q`` the expected batch size (COMMON.md: sigma = nu C / B on the mean), and sends
+    Node ``i = node`` takes one private step on the batch mean, ``g = (sum clip + N(0,(noise_multiplier C)^2 I)) / B``
+    with ``B = batch * q`` the expected batch size (COMMON.md: sigma = noise_multiplier C / B on the mean), and sends
     receiver r the share ``P^k[r, i] * (x_i - lr * g)`` (COMMON.md §2).  The receiver knows
     ``P^k[r, i]``, ``x_i``, lr and B (worst case), inverts the share, and projects on the canary.
 
@@ -360,7 +360,7 @@ def pushsum_scores(
     out = []
     for w in (False, True):
         scores = []
-        for blk in _noisy_sums(rng, n, bg_c, canary_c, w, q=q, nu=nu, clip=clip):
+        for blk in _noisy_sums(rng, n, bg_c, canary_c, w, q=q, noise_multiplier=noise_multiplier, clip=clip):
             share = p_ri * (x_i[None, :] - lr * blk / b_exp)  # what is on the wire
             recovered = (x_i[None, :] - share / p_ri) * b_exp / lr  # the receiver's inversion
             scores.append(recovered @ u / clip)
@@ -369,9 +369,9 @@ def pushsum_scores(
 
 
 def lrq_scores(
-    n: int, rng: np.random.Generator, *, nu: float, S2: float = 1.0, q: float = 1.0, adjacency: str = "add_remove",
+    n: int, rng: np.random.Generator, *, noise_multiplier: float, S2: float = 1.0, q: float = 1.0, adjacency: str = "add_remove",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Scores of Gau-LRQ decoded updates ``decode(encode(clip(u), sigma, key))``, sigma = nu * S2.
+    """Scores of Gau-LRQ decoded updates ``decode(encode(clip(u), sigma, key))``, sigma = noise_multiplier * S2.
 
     Trials are the coordinates of one long vector (the LRQ error is i.i.d. over coordinates, spec
     gau-lrq.md §3.5).  Each trial's update is 1-D, so L2 clipping to S2 is clipping to [-S2, S2];
@@ -383,7 +383,7 @@ def lrq_scores(
     from .mechanisms.lrq import decode, encode
 
     check_choice("adjacency", adjacency, ("add_remove", "replace_one"))
-    sigma = nu * S2
+    sigma = noise_multiplier * S2
     canary = np.clip(np.full(n, 3.0 * S2), -S2, S2)
     inc1, inc0 = (rng.random(n) < q if q < 1 else np.ones(n, dtype=bool) for _ in range(2))
     u1 = np.where(inc1, canary, 0.0)
@@ -395,22 +395,22 @@ def lrq_scores(
 
 
 def privsgp_block_scores(
-    n: int, rng: np.random.Generator, *, nu: float, blocks: int = 2, block: int = 4, clip: float = 1.0, dim: int = 4,
+    n: int, rng: np.random.Generator, *, noise_multiplier: float, blocks: int = 2, block: int = 4, clip: float = 1.0, dim: int = 4,
     steps: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Scores of ``n`` short PrivSGP runs (fixed blocks, replace-one) without / with the canary record.
 
     PrivSGP (``clients/privsgp_vr.py``) splits its ``J = blocks * block`` records ONCE into fixed blocks
     of ``block`` records and releases, at each step, the mean of the clipped gradients of one block drawn
-    uniformly plus ``N(0, sigma^2 I_dim)``, ``sigma = nu * clip / block`` (``nu`` is the std over the
+    uniformly plus ``N(0, sigma^2 I_dim)``, ``sigma = noise_multiplier * clip / block`` (``noise_multiplier`` is the std over the
     per-record unit ``G / b``).  Worst-case neighbours: every record's clipped gradient is
     ``-C e_0``; in world 1 the canary's is ``+C e_0`` instead (its raw gradient ``3 C e_0`` clipped, one
     record *replaced*), so the block mean moves by ``2 C / b`` whenever the canary's block is drawn
     (probability ``1 / blocks``), twice the ``C / b`` of an add/remove neighbour.
 
     The score of a run is the log-likelihood ratio of its releases (the Neyman-Pearson optimal test):
-    each release's e_0 coordinate in units of ``2C/b`` is ``x ~ N(0, (nu/2)^2)``, shifted by 1 when the
-    canary's block is drawn, so ``score = sum_k log((1-p) + p exp((2 x_k - 1) / (2 (nu/2)^2)))``.
+    each release's e_0 coordinate in units of ``2C/b`` is ``x ~ N(0, (noise_multiplier/2)^2)``, shifted by 1 when the
+    canary's block is drawn, so ``score = sum_k log((1-p) + p exp((2 x_k - 1) / (2 (noise_multiplier/2)^2)))``.
 
     Returns
     -------
@@ -419,7 +419,7 @@ def privsgp_block_scores(
     blocks = check_int("blocks", blocks, minimum=1)
     block = check_int("block", block, minimum=1)
     steps = check_int("steps", steps, minimum=1)
-    check_positive("nu", nu, hint="nu is the noise std over the per-record unit G / b")
+    check_positive("noise_multiplier", noise_multiplier, hint="noise_multiplier is the noise std over the per-record unit G / b")
     J = blocks * block
     raw = np.zeros((J, dim))
     raw[:, 0] = -3.0 * clip
@@ -432,9 +432,9 @@ def privsgp_block_scores(
             g[0, 0] = 3.0 * clip  # the canary (record 0)
         worlds.append(clip_rows(g, clip))
     perm = rng.permutation(J).reshape(blocks, block)  # fixed once for the whole run, as the node does
-    sigma = nu * clip / block
+    sigma = noise_multiplier * clip / block
     unit = 2.0 * clip / block  # the replace-one sensitivity of the block mean
-    nu_s, p = nu / 2.0, 1.0 / blocks
+    nu_s, p = noise_multiplier / 2.0, 1.0 / blocks
     out = []
     for g in worlds:
         means = g[perm].mean(axis=1)  # (blocks, dim): every block's mean of clipped gradients
@@ -454,13 +454,13 @@ def privsgp_block_scores(
     return out[0], out[1]
 
 
-def old_privsgp_epsilon(*, nu: float, blocks: int, steps: int, delta: float) -> float:
+def old_privsgp_epsilon(*, noise_multiplier: float, blocks: int, steps: int, delta: float) -> float:
     """The eps that fixed blocks would get if accounted as Poisson sampling: ``q = b/J = 1/blocks``, sensitivity
-    ``G/b`` (multiplier ``nu``), add/remove (PLD).  It is not a bound for fixed blocks under replace-one; the
-    ``privsgp_blocks`` audit measures an eps above it."""
+    ``G/b`` (multiplier ``noise_multiplier``), add/remove (PLD).  It is not a bound for fixed blocks under
+    replace-one; the ``privsgp_blocks`` audit measures an eps above it."""
     from .privacy import GaussianStep, rigorous_epsilon
 
-    return rigorous_epsilon([GaussianStep(1.0 / blocks, nu, steps)], delta, accountant="pld")
+    return rigorous_epsilon([GaussianStep(1.0 / blocks, noise_multiplier, steps)], delta, accountant="pld")
 
 
 # --------------------------------------------------------------------------------------------
@@ -477,7 +477,7 @@ class PaperClaim:
     name: str
     source: str
     q: float  # Poisson sampling rate
-    nu: float  # noise multiplier z on the sum (std / sensitivity)
+    noise_multiplier: float  # noise multiplier z on the sum (std / sensitivity)
     rounds: int
     eps_claimed: float
     delta: float
@@ -490,7 +490,7 @@ def _gau_lrq_claim(name: str, N: int, eps: float) -> PaperClaim:
     # gau-lrq.md §5.1-5.2, Table III rows (delta 1e-5, B 80, K 25): sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)
     sigma = paper.paper_sigma_gau_lrq(eps, delta, S2=S2, num_rounds=K, B=B, N=N)
     return PaperClaim(name, f"Gau-LRQ (arXiv:2312.07060) Table III, N={N}, eps={eps:g}, Lemma 1/4 closed form",
-                      q=B / N, nu=sigma * math.sqrt(B) / S2, rounds=K, eps_claimed=eps, delta=delta)
+                      q=B / N, noise_multiplier=sigma * math.sqrt(B) / S2, rounds=K, eps_claimed=eps, delta=delta)
 
 
 PAPER_CLAIMS: dict[str, Callable[[], PaperClaim]] = {
@@ -498,14 +498,14 @@ PAPER_CLAIMS: dict[str, Callable[[], PaperClaim]] = {
     "gau-lrq-n3840": lambda: _gau_lrq_claim("gau-lrq-n3840", 3840, 2.0),
 }
 
-#: name -> default parameters (``nu`` noise multiplier, ``q`` sampling rate, ...).
+#: name -> default parameters (``noise_multiplier`` noise multiplier, ``q`` sampling rate, ...).
 MECHANISMS: dict[str, dict] = {
-    "gaussian": {"nu": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "steps": 1},
-    "pushsum": {"nu": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "lr": 0.1},
-    "lrq": {"nu": 1.0, "q": 1.0, "S2": 1.0, "adjacency": "add_remove"},
-    # PrivSGP's fixed blocks: 2 blocks of 4, nu = 1.5: Poisson accounting says 2.02, the fixed-block /
-    # replace-one accounting 5.22; 1e6 trials measure eps >= ~3.4
-    "privsgp_blocks": {"nu": 1.5, "blocks": 2, "block": 4, "clip": 1.0, "dim": 4, "steps": 1},
+    "gaussian": {"noise_multiplier": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "steps": 1},
+    "pushsum": {"noise_multiplier": 1.0, "q": 1.0, "dim": 8, "batch": 4, "clip": 1.0, "lr": 0.1},
+    "lrq": {"noise_multiplier": 1.0, "q": 1.0, "S2": 1.0, "adjacency": "add_remove"},
+    # PrivSGP's fixed blocks: 2 blocks of 4, noise_multiplier = 1.5: Poisson add/remove accounting says 2.02, the
+    # fixed-block/replace-one accounting says 5.22; 1e6 trials measure eps >= ~3.4
+    "privsgp_blocks": {"noise_multiplier": 1.5, "blocks": 2, "block": 4, "clip": 1.0, "dim": 4, "steps": 1},
 }
 
 
@@ -543,11 +543,11 @@ def run_audit(
         if params:
             raise ValueError(f"paper audits take no parameters besides noise, got {sorted(params)}")
         if noise == "lrq":
-            s0, s1 = lrq_scores(trials, rng, nu=claim.nu, q=claim.q)
+            s0, s1 = lrq_scores(trials, rng, noise_multiplier=claim.noise_multiplier, q=claim.q)
         else:
-            s0, s1 = gaussian_step_scores(trials, rng, nu=claim.nu, q=claim.q, dim=1, batch=0)
+            s0, s1 = gaussian_step_scores(trials, rng, noise_multiplier=claim.noise_multiplier, q=claim.q, dim=1, batch=0)
         p = {"noise": noise, **asdict(claim)}
-        steps, adjacency, eps_paper = [GaussianStep(claim.q, claim.nu)], "add_remove", claim.eps_claimed
+        steps, adjacency, eps_paper = [GaussianStep(claim.q, claim.noise_multiplier)], "add_remove", claim.eps_claimed
     else:
         delta = 1e-5 if delta is None else delta
         check_choice("mechanism", mechanism, tuple(MECHANISMS) + tuple("paper-" + k for k in PAPER_CLAIMS))
@@ -556,24 +556,24 @@ def run_audit(
             raise ValueError(f"unknown parameters for {mechanism}: got {sorted(unknown)}, "
                              f"valid: {sorted(MECHANISMS[mechanism])}")
         p = {**MECHANISMS[mechanism], **params}
-        check_positive("nu", p["nu"], hint="nu is the noise std over the sensitivity")
+        check_positive("noise_multiplier", p["noise_multiplier"], hint="noise_multiplier is the noise std over the sensitivity")
         if mechanism == "privsgp_blocks":
             s0, s1 = privsgp_block_scores(trials, rng, **p)
-            steps = [GaussianStep(1.0 / p["blocks"], p["nu"], p["steps"], "fixed_size", p["blocks"])]
+            steps = [GaussianStep(1.0 / p["blocks"], p["noise_multiplier"], p["steps"], "fixed_size", p["blocks"])]
             adjacency = "replace_one"
             # the "claim" refuted here is the Poisson accounting of the same noise (old_privsgp_epsilon)
-            eps_paper = old_privsgp_epsilon(nu=p["nu"], blocks=p["blocks"], steps=p["steps"], delta=check_delta(delta))
+            eps_paper = old_privsgp_epsilon(noise_multiplier=p["noise_multiplier"], blocks=p["blocks"], steps=p["steps"], delta=check_delta(delta))
             p = {**p, "claim": "old accounting (Poisson q = b/J, sensitivity G/b, add/remove)"}
         else:
             check_probability("q", p["q"])
             fn = {"gaussian": gaussian_step_scores, "pushsum": pushsum_scores, "lrq": lrq_scores}[mechanism]
             s0, s1 = fn(trials, rng, **p)
-            steps, adjacency = [GaussianStep(p["q"], p["nu"], p.get("steps", 1))], p.get("adjacency", "add_remove")
+            steps, adjacency = [GaussianStep(p["q"], p["noise_multiplier"], p.get("steps", 1))], p.get("adjacency", "add_remove")
     delta = check_delta(delta)
     res = audit_scores(s0, s1, delta, confidence=confidence, mechanism=mechanism, rng=rng)
     eps_rig = rigorous_epsilon(steps, delta, accountant="pld", adjacency=adjacency)
     extra = {}
     if eps_paper is not None and mechanism.startswith("paper-"):
-        extra["eps_rigorous_all_rounds"] = rigorous_epsilon([GaussianStep(p["q"], p["nu"], p["rounds"])], delta)
+        extra["eps_rigorous_all_rounds"] = rigorous_epsilon([GaussianStep(p["q"], p["noise_multiplier"], p["rounds"])], delta)
     return AuditResult(**{**asdict(res), "eps_rigorous": eps_rig, "eps_paper": eps_paper,
                           "params": {**p, **extra}})

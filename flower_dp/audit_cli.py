@@ -20,13 +20,13 @@ def _cmd(args: argparse.Namespace) -> int:
 
     params = {}
     if args.mechanism.startswith("paper-"):
-        if any(getattr(args, a) is not None for a in ("nu", "q", "adjacency", "steps", "blocks", "block")):
-            raise ValueError("--nu/--q/--adjacency/--steps are fixed by the paper's calibration for paper-* audits, "
-                             f"got nu={args.nu}, q={args.q}, adjacency={args.adjacency}, steps={args.steps}; drop them")
+        if any(getattr(args, a) is not None for a in ("noise_multiplier", "q", "adjacency", "steps", "blocks", "block")):
+            raise ValueError("--noise-multiplier/--q/--adjacency/--steps are fixed by the paper's calibration for paper-* audits, "
+                             f"got noise_multiplier={args.noise_multiplier}, q={args.q}, adjacency={args.adjacency}, steps={args.steps}; drop them")
         if args.noise is not None:
             params["noise"] = args.noise
     else:
-        for name in ("nu", "q", "adjacency", "steps", "blocks", "block"):
+        for name in ("noise_multiplier", "q", "adjacency", "steps", "blocks", "block"):
             value = getattr(args, name)
             if value is not None:
                 if name not in MECHANISMS.get(args.mechanism, {}):
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, default=None, help="delta (default 1e-5, or the paper's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--nu", type=float, default=None, help="noise multiplier: std / sensitivity (default: the mechanism's, 1 or 1.5)")
+    p.add_argument("--noise-multiplier", "--nu", dest="noise_multiplier", type=float, default=None, help="noise multiplier: std / sensitivity (default: the mechanism's, 1 or 1.5)")
     p.add_argument("--q", type=float, default=None, help="Poisson sampling rate (default 1)")
     p.add_argument("--steps", type=int, default=None,
                    help="gaussian, privsgp_blocks: noisy steps per trial (default 1)")

@@ -50,12 +50,12 @@ def to_pairs(steps, adjacency: str) -> list[tuple[Pair, int]]:
     for s in steps:
         if isinstance(s, LaplaceStep):
             raise AssertionError(f"no independent path for Laplace steps, got {s}")
-        if not math.isfinite(s.nu) or s.count == 0:
+        if not math.isfinite(s.noise_multiplier) or s.count == 0:
             continue
         if s.sampling == "fixed_size":
             assert adjacency == "replace_one", "fixed-size sampling is accounted under replace-one only"
         sens = 2.0 if adjacency == "replace_one" else 1.0
-        out.append((Pair(float(s.q), float(s.nu), sens), int(s.count)))
+        out.append((Pair(float(s.q), float(s.noise_multiplier), sens), int(s.count)))
     return out
 
 
@@ -153,8 +153,8 @@ def check_table(name: str, reported: float, steps, delta: float) -> None:
     table = [s for s in steps if s.sampling == "fixed_size_table"]
     always = [s for s in steps if s.q == 1.0]
     assert table and len(table) + len(always) == len(steps), name
-    q, nu, count = table[0].q, min(s.nu for s in table), sum(s.count for s in table)
-    nus_always = [s.nu for s in always for _ in range(s.count)]
+    q, nu, count = table[0].q, min(s.noise_multiplier for s in table), sum(s.count for s in table)
+    nus_always = [s.noise_multiplier for s in always for _ in range(s.count)]
     assert table_delta(reported, q, nu, count, nus_always) <= delta * (1 + 1e-6), name
     assert table_delta(reported * 0.999, q, nu, count, nus_always) > delta, name
 
@@ -168,7 +168,7 @@ def test_table_bound_is_above_the_per_step_composition_at_the_papers_settings():
                                  c2=0.3724)
     steps = cal.steps()
     check_table("fig7-K575", cal.eps_rigorous, steps, 1e-5)
-    per_step = [GaussianStep(s.q, s.nu, s.count, "fixed_size", s.dataset_size) if s.q < 1 else s for s in steps]
+    per_step = [GaussianStep(s.q, s.noise_multiplier, s.count, "fixed_size", s.dataset_size) if s.q < 1 else s for s in steps]
     assert cal.eps_rigorous > 3 * rigorous_epsilon(per_step, 1e-5, adjacency="replace_one")
 
 
@@ -371,7 +371,7 @@ def test_fig9_privsgp_record_reaccounted():
     p = dict(batch_size=b, G=G, lr=s["lr"], delta=1e-5, noise_std=0.1)
     plan = _prepare("privsgp", p, n=4, J=J, K=K)
     steps, reported = _plan_reported(plan)
-    assert steps[0].nu == pytest.approx(nu) and steps[0].q == pytest.approx(1 / (J // b))
+    assert steps[0].noise_multiplier == pytest.approx(nu) and steps[0].q == pytest.approx(1 / (J // b))
     assert reported >= 10.03
     lo, hi = check("fig9-privsgp", reported, to_pairs(steps, plan.adjacency), 1e-5)
     assert lo >= 10.0  # the independent path alone: the old 0.812 was a twelve-fold understatement

@@ -137,5 +137,5 @@ def test_dp2_sgd_baseline_gets_the_same_noise_and_eps():
     dp2 = registry.prepare("dp2_sgd", common, **sizes)
     assert cs.q == dp2.q == (16 / 500,) * 4
     np.testing.assert_allclose(cs.noise_std[0], dp2.noise_std[0], rtol=1e-9)
-    np.testing.assert_allclose(cs.nu[0], dp2.nu[0], rtol=1e-9)
+    np.testing.assert_allclose(cs.noise_multiplier[0], dp2.noise_multiplier[0], rtol=1e-9)
     assert cs.eps_rigorous[0] == pytest.approx(dp2.eps_rigorous[0], rel=1e-9) and cs.eps_rigorous[0] <= 3.0

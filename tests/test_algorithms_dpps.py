@@ -242,7 +242,7 @@ def test_step_decay_scales_steps_noise_and_the_accounting():
         off[0].contribute(k)
         ratio = (on[0].x_half - on[0].x).abs().sum() / (off[0].x_half - off[0].x).abs().sum()
         assert float(ratio) == pytest.approx(r, rel=1e-5), k
-    assert on[0].plan.nu[0] == pytest.approx([2e-4, 2e-5, 2e-5])
+    assert on[0].plan.noise_multiplier[0] == pytest.approx([2e-4, 2e-5, 2e-5])
     assert on[0].plan.eps_paper[0] == pytest.approx(5.0 / 1e-4) and off[0].plan.eps_paper[0] == pytest.approx(5e3)
     assert on[0].plan.eps_heuristic[0] > off[0].plan.eps_heuristic[0]
     topo, nodes = mlp_nodes("partpsp1", dict(MLP, sensitivity="real", decay_at=(2,)), K=4)

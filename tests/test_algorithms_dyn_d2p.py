@@ -105,7 +105,7 @@ def test_schedule_shape_and_noise_actually_drawn():
     np.testing.assert_allclose(std[1:] / std[:-1], (2.0 * 3.0) ** (-1 / 50), rtol=1e-9)
     assert plan.q[0] == 8 / 64
     # std on the mean = sigma_k / B with sigma_k = C_k / mu_k (3.1, 3.8)
-    np.testing.assert_allclose(std * 8, clip * plan.nu[0], rtol=1e-12)
+    np.testing.assert_allclose(std * 8, clip * plan.noise_multiplier[0], rtol=1e-12)
     assert np.isfinite(plan.eps_paper[0]) and plan.eps_rigorous[0] > 0
 
 
@@ -166,9 +166,9 @@ def test_general_form_follows_the_given_schedules(calibration, batch):
     np.testing.assert_allclose(plan.clip[0], clip, rtol=1e-12)
     scale = plan.noise_std[0] * batch / np.asarray(shape)      # std on the mean = sigma_k / B
     np.testing.assert_allclose(scale, scale[0], rtol=1e-9)
-    np.testing.assert_allclose(plan.nu[0], plan.noise_std[0] * batch / np.asarray(clip), rtol=1e-12)
+    np.testing.assert_allclose(plan.noise_multiplier[0], plan.noise_std[0] * batch / np.asarray(clip), rtol=1e-12)
     assert plan.eps_rigorous[0] > 0
-    mu_max = float((1 / plan.nu[0]).max())
+    mu_max = float((1 / plan.noise_multiplier[0]).max())
     if calibration == "rigorous":
         assert plan.eps_rigorous[0] <= 2.0 * 1.0001
     elif mu_max <= 1:

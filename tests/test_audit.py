@@ -28,7 +28,7 @@ from flower_dp.audit import (
 )
 from flower_dp.privacy import GaussianStep, paper, rigorous_epsilon
 
-# dp-accounting PLD, delta 1e-5, one unsampled Gaussian step with nu = 1: 4.377 (the "about 4.4" of the brief)
+# dp-accounting PLD, delta 1e-5, one unsampled Gaussian step with noise_multiplier = 1: 4.377 (the "about 4.4" of the brief)
 EPS_NU1 = rigorous_epsilon([GaussianStep(1.0, 1.0)], 1e-5)
 
 
@@ -110,16 +110,16 @@ def test_gaussian_step_poisson_sampled_with_background_is_sound():
 
 
 def test_short_gaussian_run_composes_like_the_accountant():
-    # 4 unsampled steps with nu = 2 compose to one step with nu = 2 / sqrt(4) = 1 (Gaussian composition)
-    res = run_audit("gaussian", trials=200_000, delta=1e-5, seed=6, nu=2.0, steps=4)
+    # 4 unsampled steps with noise_multiplier = 2 compose to one step with noise_multiplier = 2 / sqrt(4) = 1 (Gaussian composition)
+    res = run_audit("gaussian", trials=200_000, delta=1e-5, seed=6, noise_multiplier=2.0, steps=4)
     assert res.eps_rigorous == pytest.approx(EPS_NU1, rel=0.02)
     assert 0.5 * res.eps_rigorous <= res.eps_lower <= res.eps_rigorous
 
 
 def test_gaussian_scores_have_the_stated_laws():
     rng = np.random.default_rng(5)
-    s0, s1 = gaussian_step_scores(50_000, rng, nu=2.0, q=1.0, dim=4, batch=3, clip=0.5)
-    # Dirac canary: background has no component on the canary direction, so s0 ~ N(0, nu^2), s1 ~ N(1, nu^2)
+    s0, s1 = gaussian_step_scores(50_000, rng, noise_multiplier=2.0, q=1.0, dim=4, batch=3, clip=0.5)
+    # Dirac canary: background has no component on the canary direction, so s0 ~ N(0, noise_multiplier^2), s1 ~ N(1, noise_multiplier^2)
     assert stats.kstest(s0, "norm", args=(0.0, 2.0)).pvalue > 1e-3
     assert stats.kstest(s1, "norm", args=(1.0, 2.0)).pvalue > 1e-3
 
@@ -141,8 +141,8 @@ def test_pushsum_share_audit_is_sound_on_an_irregular_graph():
     weights = topo.send_weights(3, 0)
     r = topo.out_neighbors(3, 0)[-1]
     assert weights[r] != 0.5  # an unequal weight really is exercised
-    a = pushsum_scores(4096, np.random.default_rng(9), nu=1.0, topology=topo, node=3, receiver=r, lr=0.05)
-    b = pushsum_scores(4096, np.random.default_rng(9), nu=1.0, lr=0.7)
+    a = pushsum_scores(4096, np.random.default_rng(9), noise_multiplier=1.0, topology=topo, node=3, receiver=r, lr=0.05)
+    b = pushsum_scores(4096, np.random.default_rng(9), noise_multiplier=1.0, lr=0.7)
     np.testing.assert_allclose(a[0], b[0], rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(a[1], b[1], rtol=1e-9, atol=1e-9)
 
@@ -151,21 +151,21 @@ def test_pushsum_rejects_a_non_receiver():
     from flower_dp.topology import directed_ring
 
     with pytest.raises(ValueError, match="receiver 2 gets nothing from node 0"):
-        pushsum_scores(10, np.random.default_rng(0), nu=1.0, topology=directed_ring(4), node=0, receiver=2)
+        pushsum_scores(10, np.random.default_rng(0), noise_multiplier=1.0, topology=directed_ring(4), node=0, receiver=2)
 
 
 def test_lrq_decoded_update_audits_like_a_gaussian():
     res = run_audit("lrq", trials=200_000, delta=1e-5, seed=2)
     assert res.eps_lower <= res.eps_rigorous == pytest.approx(EPS_NU1)
     assert res.eps_lower >= 0.5 * res.eps_rigorous
-    s0, s1 = lrq_scores(50_000, np.random.default_rng(4), nu=1.5)
+    s0, s1 = lrq_scores(50_000, np.random.default_rng(4), noise_multiplier=1.5)
     assert stats.kstest(s0, "norm", args=(0.0, 1.5)).pvalue > 1e-3  # decode error exactly N(0, sigma^2)
     assert stats.kstest(s1, "norm", args=(1.0, 1.5)).pvalue > 1e-3  # clipped canary S2 = 1 plus the same law
 
 
 def test_lrq_replace_one_has_sensitivity_two_s2():
-    # gau-lrq.md §5: replace-one sensitivity 2 S2; nu = 2 under replace-one is nu = 1 under add/remove
-    res = run_audit("lrq", trials=200_000, delta=1e-5, seed=4, nu=2.0, adjacency="replace_one", S2=0.3)
+    # gau-lrq.md §5: replace-one sensitivity 2 S2; noise_multiplier = 2 under replace-one is noise_multiplier = 1 under add/remove
+    res = run_audit("lrq", trials=200_000, delta=1e-5, seed=4, noise_multiplier=2.0, adjacency="replace_one", S2=0.3)
     assert res.eps_rigorous == pytest.approx(EPS_NU1)
     assert 0.5 * res.eps_rigorous <= res.eps_lower <= res.eps_rigorous
 
@@ -174,10 +174,10 @@ def test_lrq_replace_one_has_sensitivity_two_s2():
 def test_paper_claims_reproduce_the_spec_numbers():
     c = PAPER_CLAIMS["gau-lrq-n5760"]()
     # gau-lrq.md §5.2 table, "Table III, N=5760, eps=2": z = 0.236, K = 25, B = 80, delta = 1e-5
-    assert c.nu == pytest.approx(0.236, abs=5e-4) and c.rounds == 25 and c.q == pytest.approx(80 / 5760)
+    assert c.noise_multiplier == pytest.approx(0.236, abs=5e-4) and c.rounds == 25 and c.q == pytest.approx(80 / 5760)
     # the closed form (Lemma 4) really claims eps = 2 for these 25 rounds
-    assert paper.paper_eps_gau_lrq([c.nu] * c.rounds, c.delta, B=80, N=5760) == pytest.approx(2.0)
-    assert PAPER_CLAIMS["gau-lrq-n3840"]().nu == pytest.approx(0.353, abs=5e-4)  # same table, N=3840
+    assert paper.paper_eps_gau_lrq([c.noise_multiplier] * c.rounds, c.delta, B=80, N=5760) == pytest.approx(2.0)
+    assert PAPER_CLAIMS["gau-lrq-n3840"]().noise_multiplier == pytest.approx(0.353, abs=5e-4)  # same table, N=3840
 
 
 def test_gau_lrq_paper_claim_is_refuted_by_one_round():
@@ -223,8 +223,8 @@ def test_cli_prints_the_three_eps_and_writes_json(tmp_path, capsys):
 
 
 def test_cli_rejects_noise_overrides_for_paper_audits():
-    args = _parser().parse_args(["audit", "--mechanism", "paper-gau-lrq-n5760", "--nu", "5"])
-    with pytest.raises(ValueError, match="got nu=5.0"):
+    args = _parser().parse_args(["audit", "--mechanism", "paper-gau-lrq-n5760", "--noise-multiplier", "5"])
+    with pytest.raises(ValueError, match="got noise_multiplier=5.0"):
         args.func(args)
 
 
@@ -257,8 +257,8 @@ def test_privsgp_block_scores_model_the_fixed_block_release():
     """World 0 scores are the null LLR; in world 1 the canary's block (drawn with prob 1/blocks) shifts the
     block mean by 2C/b: the replace-one sensitivity, twice the add/remove C/b the old accounting charged."""
     rng = np.random.default_rng(0)
-    s0, s1 = audit.privsgp_block_scores(200_000, rng, nu=1e-3, blocks=4, block=5)  # almost no noise
-    # with nu -> 0 the LLR is +huge exactly when the canary's block is drawn (x = 1), else log(1 - p)
+    s0, s1 = audit.privsgp_block_scores(200_000, rng, noise_multiplier=1e-3, blocks=4, block=5)  # almost no noise
+    # with noise_multiplier -> 0 the LLR is +huge exactly when the canary's block is drawn (x = 1), else log(1 - p)
     assert np.mean(s1 > 0) == pytest.approx(0.25, abs=0.005)
     assert np.all(s0 < 0) and np.allclose(s0, math.log(0.75))
 
@@ -273,8 +273,8 @@ def test_privsgp_blocks_audit_refutes_the_old_accounting():
 
     res = run_audit("privsgp_blocks", trials=1_000_000, seed=0)
     p = res.params
-    assert (p["nu"], p["blocks"], p["block"], p["steps"]) == (1.5, 2, 4, 1)
-    old = audit.old_privsgp_epsilon(nu=1.5, blocks=2, steps=1, delta=1e-5)
+    assert (p["noise_multiplier"], p["blocks"], p["block"], p["steps"]) == (1.5, 2, 4, 1)
+    old = audit.old_privsgp_epsilon(noise_multiplier=1.5, blocks=2, steps=1, delta=1e-5)
     assert res.eps_paper == old == pytest.approx(2.018, abs=0.01)
     assert res.eps_lower > old + 1.0  # measured 3.46 vs 2.02
     assert "CLAIM REFUTED" in res.verdict and "old accounting" in res.verdict
@@ -284,7 +284,7 @@ def test_privsgp_blocks_audit_refutes_the_old_accounting():
     assert res.eps_lower <= lo <= res.eps_rigorous <= 1.01 * hi
 
 
-@pytest.mark.parametrize("kw", [{"nu": 3.0, "steps": 4}, {"nu": 2.0, "blocks": 3, "block": 2}])
+@pytest.mark.parametrize("kw", [{"noise_multiplier": 3.0, "steps": 4}, {"noise_multiplier": 2.0, "blocks": 3, "block": 2}])
 def test_privsgp_blocks_audit_several_steps_and_blocks(kw):
     res = run_audit("privsgp_blocks", trials=1_000_000, seed=1, **kw)
     assert res.eps_paper < res.eps_lower <= res.eps_rigorous  # measured 2.51 > 1.49; 2.15 > 1.03
@@ -292,7 +292,7 @@ def test_privsgp_blocks_audit_several_steps_and_blocks(kw):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_privsgp_blocks_audit_is_sound(seed):
-    res = run_audit("privsgp_blocks", trials=100_000, seed=seed, nu=1.0, blocks=4)
+    res = run_audit("privsgp_blocks", trials=100_000, seed=seed, noise_multiplier=1.0, blocks=4)
     assert res.eps_lower <= res.eps_rigorous
 
 

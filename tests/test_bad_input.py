@@ -115,7 +115,7 @@ CASES = [
     ("delta >= 1", lambda: PrivacyBudget(1.0, 1.0), ValueError, "delta must be in \\(0, 1\\), got 1.0"),
     ("delta <= 0", lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 0.0), ValueError, "delta must be in"),
     ("q > 1", lambda: GaussianStep(1.5, 1.0), ValueError, "q must be in \\(0, 1\\], got 1.5"),
-    ("sigma <= 0", lambda: GaussianStep(0.1, 0.0), ValueError, "nu must be > 0, got 0.0"),
+    ("sigma <= 0", lambda: GaussianStep(0.1, 0.0), ValueError, "noise_multiplier must be > 0, got 0.0"),
     ("unknown accountant", lambda: rigorous_epsilon([], 1e-5, accountant="moments"), ValueError, "unknown accountant"),
     ("steps < 1", lambda: calibrate_noise_multiplier(1.0, 1e-5, 0.1, 0), ValueError, "steps must be >= 1, got 0"),
     ("rho <= 1", lambda: dyn_d2p_schedule("dyn", epsilon=1, delta=1e-5, q=0.1, num_iters=10, rho_c=0.5),

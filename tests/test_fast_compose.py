@@ -86,7 +86,7 @@ LEDGERS = {
 def _level_by_level(steps, kind, h=accountant.PLD_DISCRETIZATION):
     acc = dpa.pld.PLDAccountant(value_discretization_interval=h) if kind == "pld" else dpa.rdp.RdpAccountant()
     for s in steps:
-        acc.compose(dpa.PoissonSampledDpEvent(s.q, dpa.GaussianDpEvent(s.nu)), s.count)
+        acc.compose(dpa.PoissonSampledDpEvent(s.q, dpa.GaussianDpEvent(s.noise_multiplier)), s.count)
     return acc
 
 
@@ -112,7 +112,7 @@ def test_bucketed_eps_is_an_upper_bound_within_one_percent_and_the_sandwich_brac
     UP onto a fine grid is below exact, so (bucketed - lower) / lower bounds the bucketing error from above (what
     the 30,000-step benchmark reports as accounting_eps_rel_diff_30000)."""
     q, delta, h = 32 / 3750, 1e-5, 2e-3
-    nus = [s.nu for s in _history(3000, q, delta)][::10]
+    nus = [s.noise_multiplier for s in _history(3000, q, delta)][::10]
     steps = [GaussianStep(q, float(v), 10) for v in nus]
     exact = rigorous_epsilon(steps, delta, bucket_rel=0, discretization=h)
     bucketed = rigorous_epsilon(steps, delta, discretization=h)
@@ -120,7 +120,7 @@ def test_bucketed_eps_is_an_upper_bound_within_one_percent_and_the_sandwich_brac
     assert exact <= bucketed <= 1.01 * exact
     up = rounded_up(steps, 2048)
     assert len(up) > accountant.MAX_BUCKETS and sum(s.count for s in up) == 3000
-    assert min(s.nu for s in up) >= min(nus) and max(s.nu for s in up) >= max(nus) * (1 - 1e-12)
+    assert min(s.noise_multiplier for s in up) >= min(nus) and max(s.noise_multiplier for s in up) >= max(nus) * (1 - 1e-12)
     lower = min(rigorous_epsilon(up, delta, accountant="pld", bucket_rel=0, discretization=h),
                 rigorous_epsilon(rounded_up(steps, 32), delta, accountant="rdp", bucket_rel=0))
     assert 0.99 * exact < lower <= exact

@@ -229,41 +229,41 @@ def test_accountant_matches_the_project_accountant():
 def test_dynamic_schedule_closed_form_and_worked_numbers():
     """Spec §6.3 worked example: N=1920, B=80, K=30, eps=3, tau=0.9 -> sigma_0/S2 = 0.08898, sigma_29/S2 = 0.04145."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, tau=0.9, calibration="paper")
-    sig = sch.z / math.sqrt(80)
+    sig = sch.noise_multiplier / math.sqrt(80)
     assert sig[0] == pytest.approx(0.08898, abs=5e-5) and sig[29] == pytest.approx(0.04145, abs=5e-5)
     assert sch.eps_paper == pytest.approx(3.0, rel=1e-9)  # Lemma 4 meets the target exactly
     G = (0.9 ** (-15) - 1) / (0.9 ** (-0.5) - 1)  # eq. 17/18 closed form of G
     assert G == pytest.approx(71.3025, abs=1e-4)
     C = 4 * 80 * math.log(1e5) / (1920**2 * 9)  # sigma_k^2 = C G tau^(k/2), S2 = 1
     np.testing.assert_allclose(sig**2, C * G * 0.9 ** (np.arange(30) / 2), rtol=1e-12)
-    assert np.all(np.diff(sch.z) < 0) and sch.warnings  # decreasing; paper mode warns (rigorous eps > 3)
+    assert np.all(np.diff(sch.noise_multiplier) < 0) and sch.warnings  # decreasing; paper mode warns (rigorous eps > 3)
     fixed = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, calibration="paper")
-    assert fixed.z / math.sqrt(80) == pytest.approx(np.full(30, 0.057717), abs=1e-6)  # spec §10 item 9
-    assert paper.paper_eps_gau_lrq(fixed.z, 1e-5, B=80, N=1920) == pytest.approx(3.0)
+    assert fixed.noise_multiplier / math.sqrt(80) == pytest.approx(np.full(30, 0.057717), abs=1e-6)  # spec §10 item 9
+    assert paper.paper_eps_gau_lrq(fixed.noise_multiplier, 1e-5, B=80, N=1920) == pytest.approx(3.0)
     # per-round budgets eps_k = eps tau^(-k/4) / sqrt(G): 0.355 ... 0.763, sum of squares = eps^2
     eps_k = paper.gau_lrq_dynamic_round_epsilons(3, num_rounds=30, tau=0.9)
     assert eps_k[0] == pytest.approx(0.355, abs=5e-4) and eps_k[29] == pytest.approx(0.763, abs=5e-4)
     assert np.sum(eps_k**2) == pytest.approx(9.0, rel=1e-12)
     # objective ratio dyn/fixed = sum tau^-k sigma_k^2 / (same for fixed) = AM^2/QM^2 = 0.8336 (spec §6.3, §10 item 10)
     w = 0.9 ** -np.arange(30.0)
-    assert np.sum(w * sig**2) / np.sum(w * (fixed.z / math.sqrt(80)) ** 2) == pytest.approx(0.8336, abs=5e-5)
+    assert np.sum(w * sig**2) / np.sum(w * (fixed.noise_multiplier / math.sqrt(80)) ** 2) == pytest.approx(0.8336, abs=5e-5)
     # paper bits at A/S2 = 0.2: fixed 1.98, dynamic 1.54 (k = 0) to 2.35 (k = 29): more bits late
     from flower_dp.mechanisms.lrq import lrq_bits_paper
 
-    assert lrq_bits_paper(0.2, fixed.z[0] / math.sqrt(80)) == pytest.approx(1.98, abs=5e-3)
+    assert lrq_bits_paper(0.2, fixed.noise_multiplier[0] / math.sqrt(80)) == pytest.approx(1.98, abs=5e-3)
     assert lrq_bits_paper(0.2, sig[0]) == pytest.approx(1.54, abs=5e-3)
     assert lrq_bits_paper(0.2, sig[29]) == pytest.approx(2.35, abs=5e-3)
     # tau = 1 is the fixed scheme
     np.testing.assert_allclose(gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, tau=1.0,
-                                                calibration="paper").z, fixed.z, rtol=1e-12)
+                                                calibration="paper").noise_multiplier, fixed.noise_multiplier, rtol=1e-12)
 
 
 def test_rigorous_dynamic_schedule_meets_target_with_the_same_shape():
     """Rigorous mode keeps z_k / z_0 = tau^(k/4) and lands on the private side within 0.2% of the target."""
     sch = gau_lrq_schedule(epsilon=8.0, delta=1e-5, num_rounds=6, B=5, N=20, tau=0.9)
-    np.testing.assert_allclose(sch.z / sch.z[0], 0.9 ** (np.arange(6) / 4), rtol=1e-12)
+    np.testing.assert_allclose(sch.noise_multiplier / sch.noise_multiplier[0], 0.9 ** (np.arange(6) / 4), rtol=1e-12)
     assert 8.0 * (1 - 2e-3) <= sch.eps_rigorous <= 8.0
-    assert sch.eps_rigorous == pytest.approx(client_level_epsilon(sch.z, 1e-5, B=5, N=20))
+    assert sch.eps_rigorous == pytest.approx(client_level_epsilon(sch.noise_multiplier, 1e-5, B=5, N=20))
 
 
 def test_config_keys_carry_no_secret():
@@ -320,7 +320,7 @@ def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, w
                            calibration="paper")
     assert sch.eps_rigorous > want
     if z is None:  # the spec §5.4 worked example: the closed form says 3, the rigorous accountant far more
-        assert sch.z[0] == pytest.approx(0.5162, abs=1e-4) and sch.eps_paper == pytest.approx(3.0)
+        assert sch.noise_multiplier[0] == pytest.approx(0.5162, abs=1e-4) and sch.eps_paper == pytest.approx(3.0)
         assert 50.3 <= sch.eps_rigorous <= 55.0
 
 

@@ -23,7 +23,7 @@ before = {m: m in sys.modules for m in ("dp_accounting", "scipy")}
 from flower_dp.privacy import GaussianStep, NodeAccountant
 acc = NodeAccountant()
 for nu in (1.0, 1.5):
-    acc.charge_gaussian(q=0.01, nu=nu, count=10)
+    acc.charge_gaussian(q=0.01, noise_multiplier=nu, count=10)
 eps = acc.epsilon(1e-5)
 after = {m: m in sys.modules for m in ("dp_accounting", "scipy")}
 print(json.dumps({"before": before, "after": after, "eps": eps}))

@@ -54,7 +54,7 @@ def test_release_gaussian_draws_the_plans_std_and_charges_the_plans_steps(algori
     assert node.accountant.ledger == expected.ledger
     if per_iter == 2:  # PrivSGP-VR: one draw, charged as its sampled and its always-present part
         sampled, always = plan.release(1, 0).steps
-        assert sampled.sampling == "fixed_size_table" and always.q == 1.0 and math.isfinite(always.nu)
+        assert sampled.sampling == "fixed_size_table" and always.q == 1.0 and math.isfinite(always.noise_multiplier)
 
 
 def test_a_plan_without_noise_draws_and_charges_nothing():
@@ -84,11 +84,11 @@ def test_a_plan_whose_std_and_multiplier_disagree_is_refused():
     std = list(plan.noise_std)
     std[2] = std[2].copy()
     std[2][4] = 0.0  # would be charged but never drawn
-    with pytest.raises(ValueError, match="node 2 iteration 4: noise_std = 0.0 but nu = .*drawn but not charged"):
+    with pytest.raises(ValueError, match="node 2 iteration 4: noise_std = 0.0 but noise_multiplier = .*drawn but not charged"):
         dataclasses.replace(plan, noise_std=tuple(std))
-    nu = tuple(np.full(plan.num_iters, np.inf) for _ in plan.nu)  # drawn but never charged
+    nu = tuple(np.full(plan.num_iters, np.inf) for _ in plan.noise_multiplier)  # drawn but never charged
     with pytest.raises(ValueError, match="node 0 iteration 0"):
-        dataclasses.replace(plan, nu=nu)
+        dataclasses.replace(plan, noise_multiplier=nu)
     with pytest.raises(ValueError, match="private=False draws noise"):
         dataclasses.replace(plan, private=False)
     ablated = registry.ablate(plan)  # noise off: std 0 and nu inf together

@@ -81,7 +81,7 @@ def test_auto_grid_is_uniform_in_inverse_square_noise_and_only_rounds_down():
         out = bucket_steps(steps)
         assert len(out) <= MAX_BUCKETS and sum(s.count for s in out) == 500
         for q in qs:
-            grid = sorted({s.nu for s in out if s.q == q})
+            grid = sorted({s.noise_multiplier for s in out if s.q == q})
             u = np.sort(np.asarray(grid) ** -2.0)
             gaps = np.diff(u)
             assert np.allclose(gaps / gaps.min(), np.round(gaps / gaps.min()), atol=1e-6)  # points of one lattice
@@ -90,7 +90,7 @@ def test_auto_grid_is_uniform_in_inverse_square_noise_and_only_rounds_down():
             for v in mine:  # every step lands on a grid point at or below its own noise
                 assert any(g <= v * (1 + 1e-12) for g in grid)
     few = [GaussianStep(0.01, float(v)) for v in nus[:MAX_BUCKETS]]
-    assert sorted(s.nu for s in bucket_steps(few)) == sorted(float(v) for v in nus[:MAX_BUCKETS])
+    assert sorted(s.noise_multiplier for s in bucket_steps(few)) == sorted(float(v) for v in nus[:MAX_BUCKETS])
 
 
 def test_dynamic_schedule_of_3000_steps_is_fast():
@@ -186,8 +186,8 @@ def test_laplace_steps():
 def test_node_accountant_ledger_and_state():
     acc = NodeAccountant("rdp")
     for _ in range(5):
-        acc.charge_gaussian(q=0.01, nu=1.0)
-    acc.charge_laplace(nu=2.0)
+        acc.charge_gaussian(q=0.01, noise_multiplier=1.0)
+    acc.charge_laplace(noise_multiplier=2.0)
     assert acc.steps_charged == 6 and len(acc.ledger) == 2
     eps = acc.epsilon(1e-5)
     other = NodeAccountant("rdp")
@@ -211,7 +211,7 @@ def test_calibrated_noise_never_exceeds_target(eps, q, steps):
     [
         (lambda: GaussianStep(0.0, 1.0), "q must be in \\(0, 1\\], got 0.0"),
         (lambda: GaussianStep(1.5, 1.0), "q must be in \\(0, 1\\], got 1.5"),
-        (lambda: GaussianStep(0.1, -1.0), "nu must be > 0, got -1.0"),
+        (lambda: GaussianStep(0.1, -1.0), "noise_multiplier must be > 0, got -1.0"),
         (lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 0.0), "delta must be in \\(0, 1\\), got 0.0"),
         (lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 1e-5, accountant="moments"), "unknown accountant 'moments'"),
         (lambda: PrivacyBudget(-1.0, 1e-5), "eps must be > 0 and finite, got -1.0"),
@@ -221,7 +221,7 @@ def test_calibrated_noise_never_exceeds_target(eps, q, steps):
         (lambda: rigorous_epsilon([GaussianStep(0.1, 1.0)], 1e-5, adjacency="swap"), "unknown adjacency 'swap'"),
         (lambda: rigorous_delta([GaussianStep(0.1, 1.0)], -1.0), "epsilon must be > 0 .*got -1.0"),
         (lambda: GaussianStep(0.1, 1.0, sampling="shuffle"), "unknown sampling 'shuffle'"),
-        (lambda: LaplaceStep(0.0), "nu must be > 0, got 0.0"),
+        (lambda: LaplaceStep(0.0), "noise_multiplier must be > 0, got 0.0"),
         (lambda: PrivacyBudget(1.0, 1e-5, adjacency="swap"), "unknown adjacency 'swap'"),
     ],
 )

@@ -43,13 +43,13 @@ def test_privsgp_vr_paper_mode_reports_real_eps():
                                  accountant="rdp")
     assert cal.noise_std == pytest.approx(0.225855, abs=1e-6)
     # one record of the drawn block (b = 1) moves h - T[blk] by up to 4G: unit 2G, and a sliver goes to the table term
-    assert cal.nu == pytest.approx(0.225855 / 20, rel=1e-2) and cal.nu < 0.225855 / 20
+    assert cal.noise_multiplier == pytest.approx(0.225855 / 20, rel=1e-2) and cal.noise_multiplier < 0.225855 / 20
     assert cal.eps_rigorous > 1e4 and cal.warnings
     rig = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10)
     assert 2.99 <= rig.eps_rigorous <= 3.0 and cal.sampling == rig.sampling == "fixed_size"
     # PrivSGP (no table) releases h only: half the sensitivity, and no always-present term
     plain = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, vr=False)
-    assert rig.noise_std > 2 * plain.noise_std and plain.nu_always == math.inf
+    assert rig.noise_std > 2 * plain.noise_std and plain.noise_multiplier_always == math.inf
 
 
 def test_dp_csgp_worked_example_w3():
@@ -88,9 +88,9 @@ def test_dyn_d2p_rigorous_meets_target_and_paper_overshoots():
     rig = dyn_d2p_schedule("dyn", calibration="rigorous", **kw)
     assert pap.eps_rigorous > 1.0
     assert 1.0 * (1 - 5e-3) <= rig.eps_rigorous <= 1.0
-    assert rig.nu[0] > rig.nu[-1]  # growing budget: noise multiplier falls over time
+    assert rig.noise_multiplier[0] > rig.noise_multiplier[-1]  # growing budget: noise multiplier falls over time
     assert rigorous_epsilon(rig.steps(), 1e-4) == pytest.approx(rig.eps_rigorous)
-    np.testing.assert_allclose(rig.nu[1:] / rig.nu[:-1], 2.5 ** (-1 / 60), rtol=1e-9)  # shape kept
+    np.testing.assert_allclose(rig.noise_multiplier[1:] / rig.noise_multiplier[:-1], 2.5 ** (-1 / 60), rtol=1e-9)  # shape kept
 
 
 def test_gau_lrq_fixed_and_dynamic_examples():
@@ -98,17 +98,17 @@ def test_gau_lrq_fixed_and_dynamic_examples():
     the strategy runs (B of N without replacement, replace-one client): the tight dominating pair gives 50.4
     for the paper's z = 0.516 (the old RDP bound for sampling without replacement said 290.5)."""
     fixed = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920, calibration="paper")
-    assert fixed.z[0] == pytest.approx(0.516, abs=1e-3)
-    assert fixed.z[0] * 1.0 / math.sqrt(80) == pytest.approx(0.05772, abs=1e-5)
+    assert fixed.noise_multiplier[0] == pytest.approx(0.516, abs=1e-3)
+    assert fixed.noise_multiplier[0] * 1.0 / math.sqrt(80) == pytest.approx(0.05772, abs=1e-5)
     assert 50.3 <= fixed.eps_rigorous <= 55.0
     assert fixed.eps_paper == pytest.approx(3.0, rel=1e-9)
     dyn = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920, tau=0.9, calibration="paper")
-    assert dyn.z[0] / math.sqrt(80) == pytest.approx(0.08898, abs=1e-5)
-    assert dyn.z[29] / math.sqrt(80) == pytest.approx(0.04145, abs=1e-5)
+    assert dyn.noise_multiplier[0] / math.sqrt(80) == pytest.approx(0.08898, abs=1e-5)
+    assert dyn.noise_multiplier[29] / math.sqrt(80) == pytest.approx(0.04145, abs=1e-5)
     assert dyn.eps_rigorous > fixed.eps_rigorous  # gau-lrq.md 6.3: the dynamic schedule costs more
     rig = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920)
     # the noise that meets eps = 3 for this sampler, no more (within the calibration's 0.1 %)
-    assert 2.99 <= rig.eps_rigorous <= 3.0 and np.ptp(rig.z) == 0.0
+    assert 2.99 <= rig.eps_rigorous <= 3.0 and np.ptp(rig.noise_multiplier) == 0.0
     assert rig.eps_after(30, 1e-5) == pytest.approx(rig.eps_rigorous)
 
 
@@ -135,11 +135,11 @@ def test_dyn_d2p_example_c_clt_accurate_and_replace_one():
     kw = dict(epsilon=1.0, delta=1e-4, q=0.0256, num_iters=3900, clip0=7.0, clip_bar=3.0, rho_c=2.0, rho_mu=2.0,
               calibration="paper")
     const = dyn_d2p_schedule("const", **kw)
-    assert 1 / const.nu[0] == pytest.approx(0.194492, abs=1e-6)
+    assert 1 / const.noise_multiplier[0] == pytest.approx(0.194492, abs=1e-6)
     assert const.noise_std_sum[0] == pytest.approx(15.424774, rel=1e-6)
     assert const.eps_rigorous == pytest.approx(1.0085, abs=0.01)
     dyn = dyn_d2p_schedule("dyn", **kw)
-    assert 1 / dyn.nu[0] == pytest.approx(0.132030, abs=1e-6)
+    assert 1 / dyn.noise_multiplier[0] == pytest.approx(0.132030, abs=1e-6)
     assert dyn.noise_std_sum[0] == pytest.approx(53.018345, rel=1e-6)
     assert 1.0 < dyn.eps_rigorous < 1.03  # spec bracket [1.0053, 1.0132] plus bucketing slack
     assert not any("mu" in w for w in dyn.warnings)  # all mu_k < 1: the CLT regime
@@ -153,7 +153,7 @@ def test_dyn_d2p_variants_reduce_and_nonprivate():
     for v in ("dyn", "dyn_c", "dyn_mu"):
         np.testing.assert_allclose(dyn_d2p_schedule(v, **kw).noise_std_sum, ref, rtol=1e-9)
     npv = dyn_d2p_schedule("nonprivate", **kw)
-    assert np.all(np.isinf(npv.nu)) and npv.eps_rigorous == float("inf")
+    assert np.all(np.isinf(npv.noise_multiplier)) and npv.eps_rigorous == float("inf")
 
 
 def test_dyn_d2p_replace_one_needs_more_noise():
@@ -177,7 +177,7 @@ def test_dyn_d2p_replace_one_needs_more_noise():
         (lambda: dp_csgp_calibration(-1, 1e-4, num_iters=10, J=100, batch_size=10, G=1), "eps must be > 0 .* got -1"),
         (lambda: privsgp_vr_calibration(1, 1e-5, num_iters=10, J=100, G=1, calibration="paper"), "needs c2"),
         (lambda: paper.paper_sigma_privsgp_vr(1, 2.0, num_iters=10, J=100, G=1, c2=1), "delta must be in \\(0, 1\\), got 2.0"),
-        (lambda: paper.gau_lrq_dynamic_z(1, 1e-5, num_rounds=10, B=10, N=100, tau=1.5), "tau must be in \\(0, 1\\]"),
+        (lambda: paper.gau_lrq_dynamic_noise_multipliers(1, 1e-5, num_rounds=10, B=10, N=100, tau=1.5), "tau must be in \\(0, 1\\]"),
         (lambda: gau_lrq_schedule(epsilon=1, delta=1e-5, num_rounds=10, B=200, N=100), "B must be <= 100, got 200"),
         (lambda: dpps_accounting(0, [1e-3], 1e-5), "b must be > 0 .* got 0"),
     ],
@@ -214,10 +214,10 @@ def test_privsgp_vr_without_replacement_and_blocks():
     swor = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, accountant="rdp", adjacency="replace_one",
                                   sampling="without_replacement", vr=False)
     # the spec's z* (RDP for sampling without replacement, the one RDP bound proven for this sampler) meets eps = 3
-    assert swor.nu == pytest.approx(2 * 0.5548, rel=2e-4) and 2.99 <= swor.eps_rigorous <= 3.0
+    assert swor.noise_multiplier == pytest.approx(2 * 0.5548, rel=2e-4) and 2.99 <= swor.eps_rigorous <= 3.0
     with pytest.raises(ValueError, match="replace_one"):
         privsgp_vr_calibration(3.0, 1e-5, num_iters=10, J=100, G=10, adjacency="add_remove")
     blk = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, block=5, calibration="paper", c2=0.3724,
                                  accountant="rdp")
-    assert blk.noise_std == pytest.approx(0.225855, abs=1e-6) and blk.nu == pytest.approx(0.225855 * 5 / 20, rel=1e-2)
+    assert blk.noise_std == pytest.approx(0.225855, abs=1e-6) and blk.noise_multiplier == pytest.approx(0.225855 * 5 / 20, rel=1e-2)
     assert blk.q == pytest.approx(5 / 3125)

@@ -11,7 +11,7 @@ from flower_dp.privacy import GaussianStep, rigorous_epsilon
 
 
 def test_accountant_prints_eps(capsys):
-    rc = main(["accountant", "--sigma", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5", "--accountant", "both"])
+    rc = main(["accountant", "--noise-multiplier", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5", "--accountant", "both"])
     out = capsys.readouterr().out
     assert rc == 0
     assert re.search(r"rdp: eps = 2\.101", out)  # issue test value 2.1014
@@ -41,7 +41,7 @@ def test_accountant_calibrates_noise(capsys):
 
 def test_accountant_errors_name_the_problem(capsys):
     assert main(["accountant", "--q", "0.01", "--steps", "10", "--delta", "1e-5"]) == 2
-    assert "exactly one of --sigma" in capsys.readouterr().err
+    assert "exactly one of --noise-multiplier" in capsys.readouterr().err
     assert main(["accountant", "--sigma", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
     assert "q must be in (0, 1], got 2.0" in capsys.readouterr().err
 
@@ -49,7 +49,7 @@ def test_accountant_errors_name_the_problem(capsys):
 def test_accountant_fixed_size_sampling_gau_lrq_mnist(capsys):
     """The paper's Gau-LRQ MNIST setting, B = 80 of N = 1920 clients, replace-one: one line per bound, each naming
     it; the reported (smaller) one is in [51.2, 53.0], the PLD of the symmetrised dominating pair (51.23)."""
-    rc = main(["accountant", "--sigma", "0.51624", "--batch", "80", "--population", "1920", "--steps", "30",
+    rc = main(["accountant", "--noise-multiplier", "0.51624", "--batch", "80", "--population", "1920", "--steps", "30",
                "--delta", "1e-5", "--sampling", "fixed_size", "--adjacency", "replace_one"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -63,6 +63,6 @@ def test_accountant_fixed_size_sampling_gau_lrq_mnist(capsys):
 
 
 def test_accountant_fixed_size_needs_replace_one(capsys):
-    assert main(["accountant", "--sigma", "1", "--batch", "8", "--population", "100", "--steps", "10",
+    assert main(["accountant", "--noise-multiplier", "1", "--batch", "8", "--population", "100", "--steps", "10",
                  "--delta", "1e-5", "--sampling", "fixed_size"]) == 2
     assert "--adjacency replace_one" in capsys.readouterr().err

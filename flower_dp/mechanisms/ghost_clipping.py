@@ -208,21 +208,54 @@ def ghost_clipped_grad_sum(
         If a per-sample loss or gradient norm is NaN/inf.
     """
     plan = _plan(model)
-    owners, named, slices = plan.owners, plan.named, plan.slices
     clip = check_positive("clip", clip, allow_inf=True, hint="clip is the per-sample L2 bound C; math.inf disables")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
-    if not named:
-        raise ValueError("model has no trainable parameter, got none with requires_grad; nothing to clip")
+    _check_batch(plan, x, y, params)
     if chunk_size is not None and check_int("chunk_size", chunk_size, minimum=1) < x.shape[0]:
         return _chunked(model, loss_fn, x, y, clip, params, int(chunk_size))
-    ref = named[0][1]
-    d = plan.d
+    ref = plan.named[0][1]
     batch = int(x.shape[0])
-    if x.shape[0] == 0:
-        return torch.zeros(d, dtype=ref.dtype, device=ref.device), ClipStats(0.0, 0.0, 0.0, 0, 0.0)
-    total = torch.empty(d, dtype=ref.dtype, device=ref.device)  # every slice is written below
+    if batch == 0:
+        return torch.zeros(plan.d, dtype=ref.dtype, device=ref.device), ClipStats(0.0, 0.0, 0.0, 0, 0.0)
+    records, losses = _recorded_forward(model, plan, loss_fn, x, y, params)
+    per_layer, sq = _layer_norms(plan, records, losses)
+    if sq is None:
+        sq = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
+    norms = sq.clamp_min(0).sqrt_()
+    norm_list, loss_list = _finite_norms_and_losses(norms, losses.detach(), batch)
+    # clipL2_C exactly as the reference: factor min(1, C/||g||); a zero gradient keeps factor 1.
+    factor = torch.clamp_max(clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
+    if factor.dtype != ref.dtype:
+        factor = factor.to(ref.dtype)
+    total = _clipped_sum_of_layers(plan, per_layer, factor, ref)
+    stats = ClipStats(
+        clip_fraction=sum(v > clip for v in norm_list) / batch if math.isfinite(clip) else 0.0,
+        mean_norm=math.fsum(norm_list) / batch,
+        max_norm=max(norm_list),
+        batch_size=batch,
+        mean_loss=math.fsum(loss_list) / batch,
+    )
+    return total, stats
 
+
+def _check_batch(plan: _Plan, x: torch.Tensor, y: torch.Tensor, params: torch.Tensor | None) -> None:
+    """The arguments' errors, each naming the fix."""
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same batch size, got {x.shape[0]} and {y.shape[0]}")
+    if not plan.named:
+        raise ValueError("model has no trainable parameter, got none with requires_grad; nothing to clip")
+    d = plan.d
+    if params is not None and (not isinstance(params, torch.Tensor) or params.dim() != 1 or params.numel() != d):
+        raise ValueError(
+            f"params must be a 1-D tensor of the model's {d} trainable parameters, got "
+            f"{type(params).__name__} of shape {tuple(getattr(params, 'shape', ()))}; use flatten_params(model)"
+        )
+
+
+def _recorded_forward(model: nn.Module, plan: _Plan, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor,
+                      params: torch.Tensor | None):
+    """One forward pass with hooks on the supported layers: ``(records, per-sample losses)``, where
+    ``records[layer]`` lists ``(input, output, output version)`` of each call of the layer."""
+    owners, named = plan.owners, plan.named
     records: dict[str, list[tuple[torch.Tensor, torch.Tensor, int]]] = {m: [] for m in owners}
 
     def make_hook(mname: str):
@@ -235,11 +268,6 @@ def ghost_clipped_grad_sum(
 
         return hook
 
-    if params is not None and (not isinstance(params, torch.Tensor) or params.dim() != 1 or params.numel() != d):
-        raise ValueError(
-            f"params must be a 1-D tensor of the model's {d} trainable parameters, got "
-            f"{type(params).__name__} of shape {tuple(getattr(params, 'shape', ()))}; use flatten_params(model)"
-        )
     handles = [mod.register_forward_hook(make_hook(m)) for m, mod in owners.items()]
     try:
         with torch.enable_grad():  # also inside a caller's torch.no_grad()
@@ -253,7 +281,14 @@ def ghost_clipped_grad_sum(
     finally:
         for h in handles:
             h.remove()
+    return records, losses
 
+
+def _layer_norms(plan: _Plan, records: dict, losses: torch.Tensor):
+    """One backward pass to the layers' outputs, then each layer's rule: ``(per_layer, sq)`` with
+    ``per_layer[layer]`` the rule's clipped-sum function and ``sq`` the per-sample squared gradient norms summed
+    over the layers (None when no layer has a trainable parameter in use)."""
+    owners = plan.owners
     used = [(m, r) for m, rs in records.items() for r in rs]
     for m, (_, o, v) in used:
         if o._version != v:
@@ -281,11 +316,11 @@ def ghost_clipped_grad_sum(
         if isinstance(sq_m, torch.Tensor):  # a layer with no trainable parameter in ``want`` gives 0
             sq = sq_m if sq is None else sq.add_(sq_m)  # each layer's sq_m is a fresh tensor
         per_layer[m] = clipped
-    if sq is None:
-        sq = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
-    norms = sq.clamp_min(0).sqrt_()
-    losses = losses.detach()
-    # one host sync for every statistic (small models: per-call overhead matters)
+    return per_layer, sq
+
+
+def _finite_norms_and_losses(norms: torch.Tensor, losses: torch.Tensor, batch: int) -> tuple[list, list]:
+    """The per-sample norms and losses as lists (one host sync); NonFiniteError when one is NaN/inf."""
     norm_list, loss_list = torch.stack((norms, losses.to(norms.dtype))).tolist()
     if not (all(map(math.isfinite, norm_list)) and all(map(math.isfinite, loss_list))):
         bad = sum(not (math.isfinite(a) and math.isfinite(b)) for a, b in zip(norm_list, loss_list))
@@ -293,10 +328,13 @@ def ghost_clipped_grad_sum(
             f"per-sample loss or gradient is not finite for {bad} of {batch} samples; "
             "got NaN/inf -- lower the learning rate or check the inputs"
         )
-    # clipL2_C exactly as the reference: factor min(1, C/||g||); a zero gradient keeps factor 1.
-    factor = torch.clamp_max(clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), 1.0)
-    if factor.dtype != ref.dtype:
-        factor = factor.to(ref.dtype)
+    return norm_list, loss_list
+
+
+def _clipped_sum_of_layers(plan: _Plan, per_layer: dict, factor: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``sum_s factor_s grad_s`` written into the flat vector, layer by layer (zero for unused layers)."""
+    slices = plan.slices
+    total = torch.empty(plan.d, dtype=ref.dtype, device=ref.device)  # every slice is written below
     with torch.no_grad():
         for m, clipped in per_layer.items():
             dest = {leaf: total[slices[n][0] : slices[n][1]].view(slices[n][2]) for leaf, n in plan.dests[m].items()}
@@ -306,14 +344,7 @@ def ghost_clipped_grad_sum(
         for n, (lo, hi, _) in slices.items():
             if plan.owner_of[n] not in per_layer:  # a layer the forward pass did not use: zero gradient
                 total[lo:hi] = 0
-    stats = ClipStats(
-        clip_fraction=sum(v > clip for v in norm_list) / batch if math.isfinite(clip) else 0.0,
-        mean_norm=math.fsum(norm_list) / batch,
-        max_norm=max(norm_list),
-        batch_size=batch,
-        mean_loss=math.fsum(loss_list) / batch,
-    )
-    return total, stats
+    return total
 
 
 def _chunked(model, loss_fn, x, y, clip, params, chunk) -> tuple[torch.Tensor, ClipStats]:

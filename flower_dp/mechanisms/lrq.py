@@ -18,16 +18,9 @@ Convention A (Eq. 11/12, spec §3.4 [DECISION]).  For every input ``u`` the erro
 ``decode(encode(u)) - u`` is exactly ``N(0, sigma^2)`` i.i.d. over coordinates, *averaged over the
 shared randomness* (§3.5); the randomness must stay secret between client and server (§2.3).
 
-Shared stream (§2.4): the key (bytes or int, derived from (run secret, round, client), see
-:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of ``chunk_size`` coordinates (in
-flattened-parameter order) uses ``Generator(Philox(SeedSequence(entropy, spawn_key=(c,))))`` and
-draws all of z (``standard_normal``) then all of v (``1 - random``), in the layer dtype.
-
-Integrity: the message carries an HMAC-SHA256 tag over its metadata and integer payload, keyed by
-a second, domain-separated hash of the same key.  Decoding with another key (wrong round, client
-or secret) or a tampered message fails the tag and raises :class:`flower_dp.errors.DecodeError`.
-The tag is a deterministic function of (m, key) and changes nothing about the decoded value, so
-the exact-Gaussian property is untouched.  The key is never stored in the message.
+Shared stream (§2.4) and key: :mod:`.lrq_stream`; the message and its integrity tag: :mod:`.lrq_message`
+(decoding with another key or a tampered message raises :class:`flower_dp.errors.DecodeError`); what a message
+costs in bits: :mod:`.lrq_bits`.  All their names can be imported from here too.
 
 Speed (the same values as the plain dense formulas).  Each side draws its stream once per
 chunk (all of z into one buffer, then v block by block into a cache-sized buffer: the same numbers
@@ -55,17 +48,25 @@ outweigh what they save), ``numba`` (always; ImportError without numba) or ``num
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import math
 import os
-import struct
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from flower_dp._checks import check_choice, check_int, check_nonnegative, check_positive
+from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.errors import DecodeError
+
+from .lrq_bits import empirical_entropy, lrq_bits_fixed, lrq_bits_paper, lrq_levels, lrq_message_bits, lrq_w_min
+from .lrq_message import LRQMessage
+from .lrq_message import message_tag as _tag
+from .lrq_stream import chunk_rng as _chunk_rng
+from .lrq_stream import draw as _draw
+from .lrq_stream import key_bytes as _key_bytes
+from .lrq_stream import lrq_key
+from .lrq_stream import stream_blocks as _stream_blocks
+from .lrq_stream import stream_entropy as _stream_entropy
+from .lrq_stream import stream_zr as _stream_zr
 
 __all__ = [
     "LRQMessage",
@@ -89,7 +90,6 @@ _BLOCK = 1 << 14  # inner block (L2-sized buffers); affects neither the stream n
 #: Above this fraction of undecided (encode) / nonzero (decode) coordinates a block is computed densely.
 _DENSE_FRACTION = 0.125
 _DENSE_RUN = 7  # after a dense block the encoder computes this many blocks densely without testing
-_VERSION = 1
 _DTYPES = ("float64", "float32")
 _INT_DTYPES = (np.int8, np.int16, np.int32, np.int64)
 #: Environment variable choosing the codec's inner loops: "auto" (default), "numba" or "numpy".
@@ -119,81 +119,6 @@ def _kernels(d: int):
                               "pip install 'flower-dp[fast]'") from _kernel_module
         return None
     return _kernel_module
-
-
-def lrq_key(run_secret: bytes | str | int, round_k: int, client: int) -> bytes:
-    """The 32-byte LRQ key of (run secret, round, client); never reuse one across rounds/clients."""
-    if isinstance(run_secret, str):
-        run_secret = run_secret.encode()
-    elif isinstance(run_secret, int) and not isinstance(run_secret, bool):
-        run_secret = b"int:" + str(run_secret).encode()
-    elif not isinstance(run_secret, bytes):
-        raise TypeError(f"run_secret must be bytes, str or int, got {type(run_secret).__name__}")
-    k = check_int("round_k", round_k, minimum=0)
-    c = check_int("client", client, minimum=0)
-    return hashlib.sha256(b"flower_dp.lrq.key\x00" + run_secret + struct.pack("<QQ", k, c)).digest()
-
-
-def _key_bytes(key: bytes | int) -> bytes:
-    if isinstance(key, (bytes, bytearray)):
-        if len(key) == 0:
-            raise ValueError("key must be non-empty bytes, got b''; derive one with lrq_key(secret, round, client)")
-        return b"bytes:" + bytes(key)
-    if isinstance(key, (int, np.integer)) and not isinstance(key, bool):
-        if key < 0:
-            raise ValueError(f"key must be a non-negative int or bytes, got {key}")
-        return b"int:" + str(int(key)).encode()
-    raise TypeError(f"key must be bytes or a non-negative int, got {type(key).__name__}")
-
-
-def _stream_entropy(kb: bytes) -> int:
-    return int.from_bytes(hashlib.sha256(b"flower_dp.lrq.stream\x00" + kb).digest(), "little")
-
-
-def _mac_key(kb: bytes) -> bytes:
-    return hashlib.sha256(b"flower_dp.lrq.mac\x00" + kb).digest()
-
-
-def _chunk_rng(entropy: int, c: int) -> np.random.Generator:
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(entropy, spawn_key=(c,))))
-
-
-def _draw(gen: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """z ~ N(0,1) then v ~ U(0,1], in that order (spec §2.4 rule 2)."""
-    z = gen.standard_normal(n, dtype=dtype)
-    v = gen.random(n, dtype=dtype)
-    np.subtract(1.0, v, out=v)
-    return z, v
-
-
-def _stream_zr(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
-    """Each chunk's stream drawn once, in the order of :func:`_draw`: yields ``(pos, z, r)`` per block.
-
-    All of the chunk's z is drawn into one buffer first, then r ~ U[0, 1) block by block into a
-    small buffer (consecutive draws continue the same stream); ``v = 1 - r``.  The arrays are
-    views of buffers reused by the next block.
-    """
-    zbuf = np.empty(min(chunk_size, d), dtype=dtype)
-    rbuf = np.empty(block, dtype=dtype)
-    for c, start in enumerate(range(0, d, chunk_size)):
-        n = min(chunk_size, d - start)
-        gen = _chunk_rng(entropy, c)
-        z = zbuf[:n]
-        gen.standard_normal(out=z, dtype=dtype)
-        for b in range(0, n, block):
-            k = min(block, n - b)
-            r = rbuf[:k]
-            gen.random(out=r, dtype=dtype)
-            yield start + b, z[b : b + k], r
-
-
-def _stream_blocks(entropy: int, d: int, chunk_size: int, dtype: str, block: int):
-    """:func:`_stream_zr` with ``v = 1 - r`` too: yields ``(pos, z, r, v)`` per block."""
-    vbuf = np.empty(block, dtype=dtype)
-    for pos, z, r in _stream_zr(entropy, d, chunk_size, dtype, block):
-        v = vbuf[: r.size]
-        np.subtract(1.0, r, out=v)
-        yield pos, z, r, v
 
 
 def _gather_bufs(dtypes: tuple, cap: int, old: tuple | None = None, cnt: int = 0) -> tuple:
@@ -336,67 +261,6 @@ def lrq_layers(gen: np.random.Generator, n: int, sigma: float, *, dtype: str = "
     y = v * np.exp(-0.5 * z * z)
     y = np.where(z >= 0, y, 1.0 - y)
     return x, -sigma * np.sqrt(-2.0 * np.log1p(-y)), sigma * np.sqrt(-2.0 * np.log(y))
-
-
-@dataclass(frozen=True, repr=False, eq=False)
-class LRQMessage:
-    """What a client sends: the integer vector m plus public metadata and an integrity tag.
-
-    Attributes
-    ----------
-    m : ndarray, shape (d,), smallest signed int dtype holding its range (read-only)
-    d : int
-    sigma : float
-        Error std per coordinate (public).
-    dtype : str
-        Float dtype of the layer arithmetic, ``"float64"`` (default) or ``"float32"``.
-    chunk_size : int
-        Coordinates per keyed stream chunk.
-    tag : bytes
-        HMAC-SHA256 over (version, d, sigma, dtype, chunk_size, m dtype, m bytes); not the key.
-    """
-
-    m: np.ndarray
-    d: int
-    sigma: float
-    dtype: str
-    chunk_size: int
-    tag: bytes = field(default=b"")
-
-    @property
-    def levels_used(self) -> int:
-        """Number of integer values spanned, ``max(m) - min(m) + 1`` (0 if d == 0)."""
-        return int(self.m.max()) - int(self.m.min()) + 1 if self.d else 0
-
-    def to_record(self) -> dict:
-        """Plain ``{name: ndarray | int | float | str}`` for transport (e.g. a Flower record)."""
-        return {"m": self.m, "d": self.d, "sigma": self.sigma, "dtype": self.dtype,
-                "chunk_size": self.chunk_size, "tag": self.tag.hex()}
-
-    @classmethod
-    def from_record(cls, rec: dict) -> LRQMessage:
-        """Inverse of :meth:`to_record` (the tag is checked later, by :func:`decode`)."""
-        try:
-            m = np.asarray(rec["m"])
-            return cls(m=m, d=int(rec["d"]), sigma=float(rec["sigma"]), dtype=str(rec["dtype"]),
-                       chunk_size=int(rec["chunk_size"]), tag=bytes.fromhex(str(rec["tag"])))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise DecodeError(f"malformed LRQ record, got keys {sorted(rec)}: {exc}") from exc
-
-    def __repr__(self) -> str:
-        rng = f"[{int(self.m.min())}, {int(self.m.max())}]" if self.d else "[]"
-        return (f"LRQMessage(d={self.d}, sigma={self.sigma!r}, dtype={self.dtype!r}, m.dtype={self.m.dtype}, "
-                f"m range={rng}, chunk_size={self.chunk_size})")
-
-    __str__ = __repr__
-
-
-def _tag(kb: bytes, d: int, sigma: float, dtype: str, chunk: int, m: np.ndarray) -> bytes:
-    mle = m.astype(m.dtype.newbyteorder("<"), copy=False)
-    header = struct.pack("<IQdQ", _VERSION, d, sigma, chunk) + dtype.encode() + b"|" + mle.dtype.str.encode()
-    h = hmac.new(_mac_key(kb), header, hashlib.sha256)
-    h.update(np.ascontiguousarray(mle).view(np.uint8))
-    return h.digest()
 
 
 def _as_vector(u) -> tuple[np.ndarray, float]:
@@ -712,40 +576,3 @@ def _decode_fused(kern, m: np.ndarray, out: np.ndarray, sig: np.float64, entropy
         sub = np.empty(cnt, dtype=np.float64)
         _hat(zs, vs, m[where], sig, sub, kern=kern)
         out[where] = sub
-
-
-def lrq_w_min(sigma: float) -> float:
-    """Smallest layer width ``2 sigma sqrt(2 ln 2)`` (spec §3.3), ~2.35482 sigma."""
-    return 2.0 * check_positive("sigma", sigma) * math.sqrt(2.0 * math.log(2.0))
-
-
-def lrq_levels(A: float, sigma: float) -> int:
-    """Exact worst-case number of levels ``2 ceil(A / w_min) + 1`` for inputs in [-A, A] (spec §3.7)."""
-    A = check_nonnegative("A", A, hint="A is the infinity norm bound of the input")
-    return 2 * math.ceil(A / lrq_w_min(sigma)) + 1
-
-
-def lrq_bits_fixed(A: float, sigma: float) -> int:
-    """Fixed-length bits per coordinate, ``ceil(log2(lrq_levels(A, sigma)))`` (spec §3.7, §12)."""
-    return math.ceil(math.log2(lrq_levels(A, sigma)))
-
-
-def lrq_bits_paper(A: float, sigma: float) -> float:
-    """The paper's Lemma 3 real-valued bits ``log2(A / (sigma sqrt(2 ln 2)) + 1)``."""
-    A = check_nonnegative("A", A)
-    return math.log2(A / (check_positive("sigma", sigma) * math.sqrt(2.0 * math.log(2.0))) + 1.0)
-
-
-def lrq_message_bits(d: int, A: float, sigma: float) -> int:
-    """Implementable fixed-length uplink bits: ``d * lrq_bits_fixed + 32`` (A as float32, spec §12)."""
-    return check_int("d", d, minimum=0) * lrq_bits_fixed(A, sigma) + 32
-
-
-def empirical_entropy(m: np.ndarray) -> float:
-    """Empirical entropy of the symbols of ``m`` in bits per coordinate (entropy-coding bound)."""
-    m = np.asarray(m)
-    if m.size == 0:
-        return 0.0
-    _, counts = np.unique(m, return_counts=True)
-    p = counts / m.size
-    return float(-(p * np.log2(p)).sum())

@@ -31,9 +31,8 @@ __all__ = ["gaussian_noise", "laplace_noise", "NoisePrefetcher", "gaussian_sampl
 #: tail; what they miss per release, ``q * P(Z > TAIL_CUT_STD - sensitivity / std)``, is far below any delta.
 TAIL_CUT_STD = 13.7
 #: What results files record as the push-sum nodes' Gaussian sampler on the CPU (``noise.gaussian_sampler``, see
-#: :func:`gaussian_sampler`).  Records without it were drawn with torch's float32 sampler, cut at 5.77 std (before
-#: commit 4575d7e); ``"torch-float64"`` records with torch's float64 Box-Muller (4575d7e until the switch to numpy's
-#: float64 ziggurat, issue 16: 2.3x faster).
+#: :func:`gaussian_sampler`).  Older records name the sampler they were drawn with: none (torch's float32 sampler,
+#: cut at 5.77 std) or ``"torch-float64"`` (torch's float64 Box-Muller); numpy's float64 ziggurat is 2.3x faster.
 GAUSSIAN_SAMPLER = "numpy-float64"
 #: The sampler of nodes on a CUDA device: torch's CUDA float64 normal (``torch.randn(..., dtype=torch.float64)`` on
 #: the device).  PyTorch's ``normal_and_transform`` (ATen/native/cuda/DistributionTemplates.h) draws float64 with

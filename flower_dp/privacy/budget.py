@@ -127,7 +127,7 @@ def max_steps(
 
 
 def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
-    """A push-sum node state (``PushSumNode.state_dict()``) of ``plan`` (a ``flower_dp.clients.base.Plan``) restored at ``k0`` whose ledger also charges iterations ``[k0, k1)`` once more (secret mode).
+    """A push-sum node state (``PushSumNode.state_dict()``) of ``plan`` (a ``flower_dp.clients.plan.Plan``) restored at ``k0`` whose ledger also charges iterations ``[k0, k1)`` once more (secret mode).
 
     A run that stopped or lost a host mid-segment may already have sent some of the steps after its last
     checkpoint; restored in secret mode, the node draws fresh noise for them, so those steps go out twice with

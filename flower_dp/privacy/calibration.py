@@ -139,7 +139,7 @@ def calibrate_schedule(
     if shape.ndim != 1 or shape.size == 0 or not (np.all(shape > 0) and np.all(np.isfinite(shape))):
         raise ValueError(f"shape must be a non-empty 1-D array of finite values > 0, got {shape!r:.80}")
     grid = bucket_steps([GaussianStep(q, float(v)) for v in shape], max_buckets=256)
-    z_shape = np.array([g.nu for g in grid])
+    z_shape = np.array([g.noise_multiplier for g in grid])
     counts = np.array([g.count for g in grid], dtype=np.float64)
     half = 2.0 if adjacency == "replace_one" else 1.0  # proxy only; the final check is native
 
@@ -188,8 +188,8 @@ class DynD2PSchedule:
     Attributes
     ----------
     clip : ndarray (K,)  C_k, per-sample L2 clip bound
-    nu : ndarray (K,)    noise multiplier 1/mu_k (std over sensitivity f C_k)
-    noise_std_sum : ndarray (K,)  std of the Gaussian added to the SUM of clipped gradients = nu_k f C_k
+    noise_multiplier : ndarray (K,)  1/mu_k (std over sensitivity f C_k)
+    noise_std_sum : ndarray (K,)  std of the Gaussian added to the SUM of clipped gradients = noise_multiplier_k f C_k
     eps_rigorous : float  PLD/RDP eps of exactly this schedule at ``delta``
     eps_paper : float     eps the paper's GDP-CLT accountant claims for it
     """
@@ -200,7 +200,7 @@ class DynD2PSchedule:
     delta: float
     q: float
     clip: np.ndarray = field(repr=False)
-    nu: np.ndarray = field(repr=False)
+    noise_multiplier: np.ndarray = field(repr=False)
     noise_std_sum: np.ndarray = field(repr=False)
     eps_rigorous: float
     eps_paper: float
@@ -209,13 +209,18 @@ class DynD2PSchedule:
     sensitivity_factor: int = 1
 
     @property
+    def nu(self) -> np.ndarray:
+        """Alias of :attr:`noise_multiplier` kept while callers move to the one name."""
+        return self.noise_multiplier
+
+    @property
     def adjacency(self) -> str:
         """Neighbouring relation the accountant uses (f = 1: add/remove, f = 2: replace-one)."""
         return "add_remove" if self.sensitivity_factor == 1 else "replace_one"
 
     def steps(self) -> list[GaussianStep]:
-        """One accountant step per iteration; multipliers relative to the clip bound C_k (= f nu_k)."""
-        return [GaussianStep(self.q, float(v) * self.sensitivity_factor) for v in self.nu]
+        """One accountant step per iteration; multipliers relative to the clip bound C_k (= f noise_multiplier_k)."""
+        return [GaussianStep(self.q, float(v) * self.sensitivity_factor) for v in self.noise_multiplier]
 
 
 def _dyn_shapes(variant: str, K: int, clip0: float, clip_bar: float, rho_c: float, rho_mu: float):

@@ -32,8 +32,9 @@ class GaussianCalibration:
     """A constant-noise Gaussian calibration: the std to add, the accountant steps it means, and both eps.
 
     One noise release per iteration, described once: ``noise_std`` is what the node draws,
-    :meth:`steps` is what the accountant charges for it.  The sampled part has multiplier ``nu``
-    (std over the per-record clip unit) with rate ``q`` and ``sampling``; ``nu_always`` (PrivSGP-VR's
+    :meth:`steps` is what the accountant charges for it.  The sampled part has multiplier
+    ``noise_multiplier`` (std over the per-record clip unit) with rate ``q`` and ``sampling``;
+    ``noise_multiplier_always`` (PrivSGP-VR's
     table average, present at every step whichever block is drawn) is a non-sampled Gaussian
     charged alongside (``inf``: none).
     """
@@ -43,20 +44,21 @@ class GaussianCalibration:
     delta: float
     q: float
     num_iters: int
-    nu: float
+    noise_multiplier: float
     noise_std: float
     eps_rigorous: float
     eps_paper: float
     warnings: tuple[str, ...] = ()
     sampling: str = "poisson"
     dataset_size: int | None = None
-    nu_always: float = math.inf
+    noise_multiplier_always: float = math.inf
     adjacency: str = "add_remove"
 
     def steps(self, count: int | None = None) -> list[GaussianStep]:
         """The accountant steps of ``count`` iterations (default: all ``num_iters``)."""
-        return _step_pair(self.q, self.nu, self.nu_always, self.num_iters if count is None else count,
-                          self.sampling, self.dataset_size)
+        count = self.num_iters if count is None else count
+        return _step_pair(self.q, self.noise_multiplier, self.noise_multiplier_always, count, self.sampling,
+                          self.dataset_size)
 
 
 def _step_pair(q, nu, nu_always, count, sampling, dataset_size) -> list[GaussianStep]:

@@ -38,16 +38,16 @@ def _cmd(args: argparse.Namespace) -> int:
     from .accountant import BOUNDS, GaussianStep, epsilon_and_bound
     from .calibration import calibrate_noise_multiplier
 
-    if (args.sigma is None) == (args.epsilon is None):
-        raise ValueError("give exactly one of --sigma (to get eps) or --epsilon (to get the noise multiplier)")
+    if (args.noise_multiplier is None) == (args.epsilon is None):
+        raise ValueError("give exactly one of --noise-multiplier (to get eps) or --epsilon (to get the noise multiplier)")
     q, sampling, size, what = _sampler(args)
     kinds = ["pld", "rdp", "auto"] if args.accountant == "both" else [args.accountant]
     label = {"pld": "pld", "rdp": "rdp", "auto": "reported (the smaller valid bound)"}
     for kind in kinds:
-        if args.sigma is not None:
-            eps, bound = epsilon_and_bound([GaussianStep(q, args.sigma, args.steps, sampling, size)], args.delta,
+        if args.noise_multiplier is not None:
+            eps, bound = epsilon_and_bound([GaussianStep(q, args.noise_multiplier, args.steps, sampling, size)], args.delta,
                                            accountant=kind, adjacency=args.adjacency)
-            print(f"{label[kind]}: eps = {eps:.4f} at delta = {args.delta:g} (noise multiplier {args.sigma:g}, {what}, "
+            print(f"{label[kind]}: eps = {eps:.4f} at delta = {args.delta:g} (noise multiplier {args.noise_multiplier:g}, {what}, "
                   f"{args.steps} steps, {args.adjacency}); bound: {bound}, {BOUNDS[bound]}")
         else:
             nu = calibrate_noise_multiplier(args.epsilon, args.delta, q, args.steps, accountant=kind,
@@ -63,11 +63,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "accountant",
         help="rigorous eps of a subsampled Gaussian mechanism, for the sampler you run (or the noise for a target eps)",
-        description="Examples: flower-dp accountant --sigma 1 --q 0.01 --steps 1000 --delta 1e-5;  "
-                    "flower-dp accountant --sigma 0.51624 --batch 80 --population 1920 --steps 30 --delta 1e-5 "
+        description="Examples: flower-dp accountant --noise-multiplier 1 --q 0.01 --steps 1000 --delta 1e-5;  "
+                    "flower-dp accountant --noise-multiplier 0.51624 --batch 80 --population 1920 --steps 30 --delta 1e-5 "
                     "--sampling fixed_size --adjacency replace_one",
     )
-    p.add_argument("--sigma", type=float, help="noise multiplier (noise std / per-record clip bound)")
+    p.add_argument("--noise-multiplier", "--sigma", dest="noise_multiplier", type=float,
+                   help="noise multiplier (noise std / per-record clip bound); --sigma is its older spelling")
     p.add_argument("--epsilon", type=float, help="target eps: print the noise multiplier that meets it")
     p.add_argument("--sampling", choices=["poisson", "fixed_size"], default="poisson",
                    help="poisson: each record kept w.p. q; fixed_size: exactly --batch of --population records")

@@ -70,23 +70,23 @@ def _log_a_exp_b_plus_c(a: float, b: np.ndarray, c: float) -> np.ndarray:
         return math.log(a) + b + np.log1p(c / a * np.exp(-b))
 
 
-def _loss(x: np.ndarray, q: float, sigma: float, add: bool) -> np.ndarray:
+def _loss(x: np.ndarray, q: float, noise_multiplier: float, add: bool) -> np.ndarray:
     """Privacy loss of the q-subsampled Gaussian at ``x`` (sensitivity 1): REMOVE ``log(1-q + q e^{L0(x)})``,
-    ``L0(x) = (-1/2 - x) / sigma^2``; ADD is ``-REMOVE(-x)`` (dp-accounting's AdditiveNoisePrivacyLoss)."""
+    ``L0(x) = (-1/2 - x) / noise_multiplier^2``; ADD is ``-REMOVE(-x)`` (dp-accounting's AdditiveNoisePrivacyLoss)."""
     if add:
-        return -_loss(-x, q, sigma, False)
-    return _log_a_exp_b_plus_c(q, (-0.5 - x) / sigma**2, 1.0 - q)
+        return -_loss(-x, q, noise_multiplier, False)
+    return _log_a_exp_b_plus_c(q, (-0.5 - x) / noise_multiplier**2, 1.0 - q)
 
 
-def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tuple[int, np.ndarray, float]:
+def subsampled_gaussian_pmf(q: float, noise_multiplier: float, h: float, add: bool) -> tuple[int, np.ndarray, float]:
     """One q-subsampled Gaussian release as dp-accounting's pessimistic connect-the-dots PMF.
 
     Parameters
     ----------
     q : float in (0, 1)  Poisson sampling rate
-    sigma : float > 0  noise multiplier (std / L2 sensitivity)
+    noise_multiplier : float > 0  noise multiplier (std / L2 sensitivity)
     h : float > 0  loss discretization interval
-    add : bool  the ADD direction (mu_upper = N(0, sigma^2), mu_lower = the mixture); else REMOVE
+    add : bool  the ADD direction (mu_upper = N(0, noise_multiplier^2), mu_lower = the mixture); else REMOVE
 
     Returns
     -------
@@ -95,14 +95,14 @@ def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tupl
     """
     from scipy import special
 
-    lx = sigma * _z_trunc()                      # lower truncation of the noise (dp: norm(scale).ppf)
+    lx = noise_multiplier * _z_trunc()                      # lower truncation of the noise (dp: norm(scale).ppf)
     ux = -lx
     if add:
         ux += 1.0
     else:
         lx -= 1.0
-    eps_upper = float(_loss(np.array(lx), q, sigma, add))
-    eps_lower = float(_loss(np.array(ux), q, sigma, add))
+    eps_upper = float(_loss(np.array(lx), q, noise_multiplier, add))
+    eps_lower = float(_loss(np.array(ux), q, noise_multiplier, add))
     lo, hi = math.floor(eps_lower / h), math.ceil(eps_upper / h)
     eps = np.arange(lo, hi + 1) * h
     deltas = np.zeros_like(eps)
@@ -113,14 +113,14 @@ def subsampled_gaussian_pmf(q: float, sigma: float, h: float, add: bool) -> tupl
         deltas[~m] = -np.expm1(eps[~m])
     e = eps[m]
     if add:   # x = inverse privacy loss; delta = mu_upper_cdf(x) - e^eps mu_lower_cdf(x)
-        x = 1.0 + (-0.5 + _log_a_exp_b_plus_c(1 / q, -e, 1 - 1 / q) * sigma**2)
-        upper = special.ndtr(x / sigma)
-        log_lower = np.logaddexp(math.log1p(-q) + special.log_ndtr(x / sigma),
-                                 math.log(q) + special.log_ndtr((x - 1.0) / sigma))
+        x = 1.0 + (-0.5 + _log_a_exp_b_plus_c(1 / q, -e, 1 - 1 / q) * noise_multiplier**2)
+        upper = special.ndtr(x / noise_multiplier)
+        log_lower = np.logaddexp(math.log1p(-q) + special.log_ndtr(x / noise_multiplier),
+                                 math.log(q) + special.log_ndtr((x - 1.0) / noise_multiplier))
     else:
-        x = -0.5 - _log_a_exp_b_plus_c(1 / q, e, 1 - 1 / q) * sigma**2
-        upper = (1 - q) * special.ndtr(x / sigma) + q * special.ndtr((x + 1.0) / sigma)
-        log_lower = special.log_ndtr(x / sigma)
+        x = -0.5 - _log_a_exp_b_plus_c(1 / q, e, 1 - 1 / q) * noise_multiplier**2
+        upper = (1 - q) * special.ndtr(x / noise_multiplier) + q * special.ndtr((x + 1.0) / noise_multiplier)
+        log_lower = special.log_ndtr(x / noise_multiplier)
     deltas[m] = upper - np.exp(e + log_lower)
     deltas = np.clip(deltas, 0.0, 1.0)
     if lo == hi:
@@ -202,20 +202,20 @@ class FastPLD:
         return float(self.pld.get_delta_for_epsilon(epsilon))
 
 
-def compose_pld(qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[int], h: float,
+def compose_pld(qs: Sequence[float], noise_multipliers: Sequence[float], counts: Sequence[int], h: float,
                 tail: float = TAIL_MASS) -> FastPLD:
-    """PLD (add/remove) of ``counts[b]`` releases of the ``qs[b]``-subsampled Gaussian with multiplier ``sigmas[b]``.
+    """PLD (add/remove) of ``counts[b]`` releases of the ``qs[b]``-subsampled Gaussian with multiplier ``noise_multipliers[b]``.
 
     Parameters
     ----------
-    qs, sigmas, counts : sequences of length m  (0 < q < 1, sigma > 0, count >= 1)
+    qs, noise_multipliers, counts : sequences of length m  (0 < q < 1, noise_multiplier > 0, count >= 1)
     h : float  loss discretization interval (dp-accounting's ``value_discretization_interval``)
     tail : float  mass the composition window may leave out (added to the infinity mass)
     """
     from dp_accounting.pld.privacy_loss_distribution import PrivacyLossDistribution
 
     counts = np.asarray(counts, dtype=np.int64)
-    pmfs = {add: [subsampled_gaussian_pmf(float(q), float(s), h, add) for q, s in zip(qs, sigmas)]
+    pmfs = {add: [subsampled_gaussian_pmf(float(q), float(s), h, add) for q, s in zip(qs, noise_multipliers)]
             for add in (False, True)}
     remove = compose_pmfs(pmfs[False], counts, h, tail)
     add = compose_pmfs(pmfs[True], counts, h, tail)
@@ -229,24 +229,24 @@ def _log_comb(n, k):
     return special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
 
 
-def _log_a_int(q: float, sigma: np.ndarray, alpha: int) -> np.ndarray:
-    """log A_alpha for integer alpha, per sigma (dp-accounting's ``_compute_log_a_int``), shape (m,)."""
+def _log_a_int(q: float, noise_multiplier: np.ndarray, alpha: int) -> np.ndarray:
+    """log A_alpha for integer alpha, per noise_multiplier (dp-accounting's ``_compute_log_a_int``), shape (m,)."""
     i = np.arange(alpha + 1, dtype=np.float64)
     base = _log_comb(float(alpha), i) + i * math.log(q) + (alpha - i) * math.log1p(-q)
-    a = base[None, :] + (i * i - i)[None, :] / (2.0 * sigma[:, None] ** 2)
+    a = base[None, :] + (i * i - i)[None, :] / (2.0 * noise_multiplier[:, None] ** 2)
     mx = a.max(axis=1)
     return mx + np.log(np.exp(a - mx[:, None]).sum(axis=1))
 
 
-def _log_a_frac(q: float, sigma: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+def _log_a_frac(q: float, noise_multiplier: np.ndarray, alphas: np.ndarray) -> np.ndarray:
     """log A_alpha for fractional alpha, shape (m, len(alphas)): dp-accounting's ``_compute_log_a_frac``
     (the two series of |terms|, stopped at the first term that is decreasing in both and 30 nats below the
     running total; ``inf`` -- the order is excluded -- if that does not happen within its 1000 terms)."""
     from dp_accounting.rdp import rdp_privacy_accountant as _rdp
     from scipy import special
 
-    s = np.repeat(sigma, alphas.size)
-    al = np.tile(alphas, sigma.size)
+    s = np.repeat(noise_multiplier, alphas.size)
+    al = np.tile(alphas, noise_multiplier.size)
     z0 = s**2 * math.log(1 / q - 1) + 0.5
     lq, l1q = math.log(q), math.log1p(-q)
     res = np.full(s.size, np.inf)
@@ -278,10 +278,10 @@ def _log_a_frac(q: float, sigma: np.ndarray, alphas: np.ndarray) -> np.ndarray:
         act = act[~hit]
         start += chunk
         chunk *= 2
-    return res.reshape(sigma.size, alphas.size)
+    return res.reshape(noise_multiplier.size, alphas.size)
 
 
-def rdp_subsampled_gaussian(q: float, sigmas, orders=None) -> np.ndarray:
+def rdp_subsampled_gaussian(q: float, noise_multipliers, orders=None) -> np.ndarray:
     """RDP of one q-subsampled Gaussian release per multiplier, shape (m, len(orders)), 0 < q < 1.
 
     ``orders`` default: dp-accounting's ``DEFAULT_RDP_ORDERS``.  Equal to dp-accounting's
@@ -289,29 +289,29 @@ def rdp_subsampled_gaussian(q: float, sigmas, orders=None) -> np.ndarray:
     from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
     orders = np.asarray(_rdp.DEFAULT_RDP_ORDERS if orders is None else orders, dtype=np.float64)
-    sigmas = np.atleast_1d(np.asarray(sigmas, dtype=np.float64))
-    out = np.empty((sigmas.size, orders.size))
+    noise_multipliers = np.atleast_1d(np.asarray(noise_multipliers, dtype=np.float64))
+    out = np.empty((noise_multipliers.size, orders.size))
     whole = np.array([float(a).is_integer() for a in orders])
     for k in np.flatnonzero(whole):
-        out[:, k] = _log_a_int(q, sigmas, int(orders[k])) / (orders[k] - 1)
+        out[:, k] = _log_a_int(q, noise_multipliers, int(orders[k])) / (orders[k] - 1)
     frac = np.flatnonzero(~whole)
     if frac.size:
-        out[:, frac] = _log_a_frac(q, sigmas, orders[frac]) / (orders[frac] - 1)[None, :]
+        out[:, frac] = _log_a_frac(q, noise_multipliers, orders[frac]) / (orders[frac] - 1)[None, :]
     return out
 
 
 class FastRDP:
     """Summed RDP of a history at dp-accounting's default orders; ``get_epsilon(delta)``, ``get_delta(epsilon)``."""
 
-    def __init__(self, qs: Sequence[float], sigmas: Sequence[float], counts: Sequence[int]) -> None:
+    def __init__(self, qs: Sequence[float], noise_multipliers: Sequence[float], counts: Sequence[int]) -> None:
         from dp_accounting.rdp import rdp_privacy_accountant as _rdp
 
         self.orders = np.asarray(_rdp.DEFAULT_RDP_ORDERS, dtype=np.float64)
         self.rdp = np.zeros(self.orders.size)
-        qs, sigmas, counts = np.asarray(qs, float), np.asarray(sigmas, float), np.asarray(counts, float)
+        qs, noise_multipliers, counts = np.asarray(qs, float), np.asarray(noise_multipliers, float), np.asarray(counts, float)
         for q in np.unique(qs):
             m = qs == q
-            self.rdp += (counts[m, None] * rdp_subsampled_gaussian(float(q), sigmas[m], self.orders)).sum(axis=0)
+            self.rdp += (counts[m, None] * rdp_subsampled_gaussian(float(q), noise_multipliers[m], self.orders)).sum(axis=0)
 
     def get_epsilon(self, delta: float) -> float:
         from dp_accounting.rdp import rdp_privacy_accountant as _rdp

@@ -33,23 +33,26 @@ from .calibration import calibrate_schedule
 __all__ = ["client_level_epsilon", "client_level_steps", "Schedule", "gau_lrq_schedule"]
 
 
-def client_level_steps(z, *, B: int, N: int) -> list[GaussianStep]:
-    """The accountant steps of rounds with noise multipliers ``z`` (std on the sum / S2), B of N clients."""
+def client_level_steps(noise_multiplier, *, B: int, N: int) -> list[GaussianStep]:
+    """The accountant steps of rounds with noise multipliers ``noise_multiplier`` (z_k: std on the sum / S2), B of N
+    clients."""
     N = check_int("N", N, minimum=1)
     B = check_int("B", B, minimum=1, maximum=N)
-    z = np.asarray(z, dtype=np.float64).ravel()
+    z = np.asarray(noise_multiplier, dtype=np.float64).ravel()
     vals, counts = np.unique(z, return_counts=True)
     return [GaussianStep(B / N, float(v), int(c), "fixed_size", N) for v, c in zip(vals, counts)]
 
 
-def client_level_epsilon(z, delta: float, *, B: int, N: int, accountant: str = DEFAULT_ACCOUNTANT) -> float:
-    """Rigorous client-level eps of rounds with noise multipliers ``z`` (shape (k,)) at ``delta``; 0 for no rounds.
+def client_level_epsilon(noise_multiplier, delta: float, *, B: int, N: int,
+                         accountant: str = DEFAULT_ACCOUNTANT) -> float:
+    """Rigorous client-level eps of rounds with noise multipliers ``noise_multiplier`` (z_k, shape (k,)) at
+    ``delta``; 0 for no rounds.
 
     Each round: B of N clients uniformly without replacement, sum of clipped updates plus
     ``N(0, (z_k S2)^2 I)``, replace-one client adjacency; the smallest of the valid bounds (PLD of the
     symmetrised dominating pair, RDP), see the module docstring.
     """
-    z = np.asarray(z, dtype=np.float64).ravel()
+    z = np.asarray(noise_multiplier, dtype=np.float64).ravel()
     if z.size == 0:
         return 0.0
     return rigorous_epsilon(client_level_steps(z, B=B, N=N), delta, accountant=accountant, adjacency="replace_one")
@@ -59,29 +62,34 @@ def client_level_epsilon(z, delta: float, *, B: int, N: int, accountant: str = D
 class Schedule:
     """Per-round noise multipliers of (Dynamic) Gau-LRQ and what they cost.
 
-    ``z`` : shape (K,), std of the noise on the SUM of the B clipped updates over S2
+    ``noise_multiplier`` : shape (K,), z_k, std of the noise on the SUM of the B clipped updates over S2
     (per-client std ``sigma_k = z_k S2 / sqrt(B)``).  ``eps_rigorous``: :func:`client_level_epsilon`
     over all K rounds; ``eps_paper``: the closed form of Lemma 1/4 (not a valid bound, §5.2).
     """
 
-    z: np.ndarray
+    noise_multiplier: np.ndarray
     B: int
     N: int
     eps_rigorous: float
     eps_paper: float
     warnings: tuple[str, ...] = ()
 
+    @property
+    def z(self) -> np.ndarray:
+        """Alias of :attr:`noise_multiplier` kept while callers move to the one name."""
+        return self.noise_multiplier
+
     def eps_after(self, rounds: int, delta: float) -> float:
         """Rigorous eps after the first ``rounds`` rounds."""
-        return client_level_epsilon(self.z[:rounds], delta, B=self.B, N=self.N)
+        return client_level_epsilon(self.noise_multiplier[:rounds], delta, B=self.B, N=self.N)
 
     def eps_paper_after(self, rounds: int, delta: float) -> float:
         """The paper's closed form after the first ``rounds`` rounds."""
-        return paper.paper_eps_gau_lrq(self.z[:rounds], delta, B=self.B, N=self.N) if rounds else 0.0
+        return paper.paper_eps_gau_lrq(self.noise_multiplier[:rounds], delta, B=self.B, N=self.N) if rounds else 0.0
 
     def rounds_within(self, epsilon: float, delta: float) -> int:
         """Largest prefix of rounds whose rigorous eps is <= epsilon."""
-        return max((r for r in range(len(self.z) + 1) if self.eps_after(r, delta) <= epsilon), default=0)
+        return max((r for r in range(len(self.noise_multiplier) + 1) if self.eps_after(r, delta) <= epsilon), default=0)
 
 
 def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N: int, tau: float = 1.0,
@@ -98,7 +106,7 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
     K = check_int("num_rounds", num_rounds, minimum=1)
     N = check_int("N", N, minimum=1)
     B = check_int("B", B, minimum=1, maximum=N)
-    z_paper = paper.gau_lrq_dynamic_z(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
+    z_paper = paper.gau_lrq_dynamic_noise_multipliers(epsilon, delta, num_rounds=K, B=B, N=N, tau=tau)
     if noise_multiplier is not None:
         z = np.full(K, check_positive("noise_multiplier", noise_multiplier))
     elif calibration == "paper":

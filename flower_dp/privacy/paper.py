@@ -20,6 +20,7 @@ __all__ = [
     "paper_sigma_dp_csgp",
     "paper_sigma_gau_lrq",
     "paper_eps_gau_lrq",
+    "gau_lrq_dynamic_noise_multipliers",
     "gau_lrq_dynamic_z",
     "gau_lrq_dynamic_sigmas",
     "gau_lrq_dynamic_round_epsilons",
@@ -84,13 +85,15 @@ def paper_sigma_gau_lrq(epsilon: float, delta: float, *, S2: float, num_rounds: 
     return 2 * S2 * math.sqrt(num_rounds * B * math.log(1 / delta)) / (N * epsilon)
 
 
-def paper_eps_gau_lrq(z_per_round, delta: float, *, B: int, N: int) -> float:
-    """Gau-LRQ's closed form (Lemma 4) in noise-multiplier terms: ``eps = 2 q sqrt(ln(1/delta) sum_k 1/z_k^2)``, q = B/N."""
-    z = np.asarray(z_per_round, dtype=float)
+def paper_eps_gau_lrq(noise_multipliers, delta: float, *, B: int, N: int) -> float:
+    """Gau-LRQ's closed form (Lemma 4) in noise-multiplier terms: ``eps = 2 q sqrt(ln(1/delta) sum_k 1/z_k^2)``, q = B/N,
+    z_k the ``noise_multipliers`` per round."""
+    z = np.asarray(noise_multipliers, dtype=float)
     return float(2 * (B / N) * math.sqrt(math.log(1 / check_delta(delta)) * np.sum(1 / z**2)))
 
 
-def gau_lrq_dynamic_z(epsilon: float, delta: float, *, num_rounds: int, B: int, N: int, tau: float) -> np.ndarray:
+def gau_lrq_dynamic_noise_multipliers(epsilon: float, delta: float, *, num_rounds: int, B: int, N: int,
+                                      tau: float) -> np.ndarray:
     """Dynamic Gau-LRQ (eq. 17/18) noise multipliers ``z_k = sqrt(C' G tau^(k/2))``.
 
     ``C' = 4 B^2 ln(1/delta) / (N^2 eps^2)``, ``G = sum_{i<K} tau^(-i/2)``; ``sigma_k = z_k S2 / sqrt(B)``.
@@ -106,6 +109,10 @@ def gau_lrq_dynamic_z(epsilon: float, delta: float, *, num_rounds: int, B: int, 
     Cp = 4 * B**2 * math.log(1 / delta) / (N**2 * epsilon**2)
     G = float(np.sum(tau ** (-np.arange(K) / 2)))
     return np.sqrt(Cp * G * tau ** (np.arange(K) / 2))
+
+
+#: the name callers used before the one name per quantity (removed once they have moved)
+gau_lrq_dynamic_z = gau_lrq_dynamic_noise_multipliers
 
 
 def dpps_round_epsilon(b: float, gamma_n: float) -> float:
@@ -125,9 +132,9 @@ def gau_lrq_dynamic_sigmas(
     """Dynamic Gau-LRQ eq. (17/18): per-client per-coordinate ``sigma_k = sqrt(C G tau^(k/2))``.
 
     ``C = 4 S2^2 B ln(1/delta) / (N^2 eps^2)``, ``G = sum_{i<K} tau^(-i/2)``; shape (K,).
-    Equals ``gau_lrq_dynamic_z(...) * S2 / sqrt(B)``; ``tau = 1`` gives :func:`paper_sigma_gau_lrq`.
+    Equals ``gau_lrq_dynamic_noise_multipliers(...) * S2 / sqrt(B)``; ``tau = 1`` gives :func:`paper_sigma_gau_lrq`.
     """
-    z = gau_lrq_dynamic_z(epsilon, delta, num_rounds=num_rounds, B=B, N=N, tau=tau)
+    z = gau_lrq_dynamic_noise_multipliers(epsilon, delta, num_rounds=num_rounds, B=B, N=N, tau=tau)
     return z * check_positive("S2", S2) / math.sqrt(B)
 
 

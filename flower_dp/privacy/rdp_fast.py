@@ -13,7 +13,7 @@ the same closed form is quoted in dp-csgp.md 4.3 and gau-lrq.md 5.3)::
     eps(delta)    = min_alpha [ sum_steps RDP_alpha + ln((alpha-1)/alpha) - (ln delta + ln alpha)/(alpha-1) ]
 
 The conversion is Canonne, Kamath, Steinke 2020 (arXiv 2004.00010, Proposition 12), as in
-dp-accounting.  Add/remove-one neighbours, noise multiplier z = std / clip bound.
+dp-accounting.  Add/remove-one neighbours, noise multiplier z (``noise_multiplier``) = std / clip bound.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ __all__ = ["ORDERS", "rdp_poisson_gaussian", "rdp_epsilon"]
 ORDERS = np.array(list(range(2, 65)) + [72, 80, 96, 112, 128, 160, 192, 256], dtype=np.int64)
 
 
-def rdp_poisson_gaussian(q: float, z: np.ndarray, orders: np.ndarray = ORDERS) -> np.ndarray:
+def rdp_poisson_gaussian(q: float, noise_multiplier: np.ndarray, orders: np.ndarray = ORDERS) -> np.ndarray:
     """RDP of one Poisson(q)-subsampled Gaussian step per noise multiplier.
 
     Parameters
     ----------
     q : float in (0, 1]
-    z : ndarray, shape (m,)  noise multipliers (> 0)
+    noise_multiplier : ndarray, shape (m,)  noise multipliers z (> 0)
     orders : ndarray, shape (a,)  integer orders >= 2
 
     Returns
@@ -43,7 +43,7 @@ def rdp_poisson_gaussian(q: float, z: np.ndarray, orders: np.ndarray = ORDERS) -
     """
     from scipy.special import gammaln, logsumexp  # here: scipy costs a ClientApp's cold start seconds
 
-    z = np.atleast_1d(np.asarray(z, dtype=np.float64))
+    z = np.atleast_1d(np.asarray(noise_multiplier, dtype=np.float64))
     out = np.empty((z.size, orders.size))
     if q >= 1.0:
         return orders[None, :] / (2.0 * z[:, None] ** 2)
@@ -57,10 +57,11 @@ def rdp_poisson_gaussian(q: float, z: np.ndarray, orders: np.ndarray = ORDERS) -
     return out
 
 
-def rdp_epsilon(q: float, z, counts, delta: float) -> float:
-    """eps(delta) of ``sum_i counts[i]`` steps of Poisson(q)-subsampled Gaussian with multipliers ``z[i]``."""
+def rdp_epsilon(q: float, noise_multiplier, counts, delta: float) -> float:
+    """eps(delta) of ``sum_i counts[i]`` steps of Poisson(q)-subsampled Gaussian with multipliers
+    ``noise_multiplier[i]``."""
     delta = check_delta(delta)
-    z = np.atleast_1d(np.asarray(z, dtype=np.float64))
+    z = np.atleast_1d(np.asarray(noise_multiplier, dtype=np.float64))
     counts = np.broadcast_to(np.asarray(counts, dtype=np.float64), z.shape)
     total = (rdp_poisson_gaussian(q, z) * counts[:, None]).sum(axis=0)
     a = ORDERS.astype(np.float64)

@@ -98,9 +98,10 @@ def _dense(pmf) -> tuple[int, np.ndarray, float]:
     return int(d._lower_loss), np.asarray(d._probs, dtype=np.float64), float(d._infinity_mass)
 
 
-def step_pmf(kind: str, q: float, nu: float, h: float) -> tuple[int, np.ndarray, float]:
-    """The symmetrised PMF of one replace-one step (``kind`` ``"gaussian"`` or ``"laplace"``; ``nu`` per record,
-    so the replace-one sensitivity 2 gives the unit-sensitivity multiplier ``nu / 2``)."""
+def step_pmf(kind: str, q: float, noise_multiplier: float, h: float) -> tuple[int, np.ndarray, float]:
+    """The symmetrised PMF of one replace-one step (``kind`` ``"gaussian"`` or ``"laplace"``; ``noise_multiplier``
+    per record, so the replace-one sensitivity 2 gives the unit-sensitivity multiplier ``noise_multiplier / 2``)."""
+    nu = noise_multiplier
     from dp_accounting.pld import privacy_loss_distribution as pld
 
     if kind == "laplace":
@@ -115,7 +116,7 @@ def step_pmf(kind: str, q: float, nu: float, h: float) -> tuple[int, np.ndarray,
         gap = profile_on_grid(*add, h, js) - profile_on_grid(*base, h, js)
         if np.max(gap) > CHECK_TOL:
             j = int(js[np.argmax(gap)])
-            raise ArithmeticError(f"q={q}, nu={nu}: the add order's delta exceeds the remove order's at eps={j * h:.4g} "
+            raise ArithmeticError(f"q={q}, noise_multiplier={nu}: the add order's delta exceeds the remove order's at eps={j * h:.4g} "
                                   f"by {np.max(gap):.3g}; the symmetrised pair of the remove order is not the "
                                   "symmetrisation min(f, f^-1)** here")
     return symmetrised_pmf(*base, h)

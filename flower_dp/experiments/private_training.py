@@ -1,0 +1,190 @@
+"""Private push-sum training of your own model on your own data: :func:`train_private`.
+
+It turns a model factory, training data and a held-out test set into an experiment config whose dataset and model
+name them (:mod:`flower_dp.sources`), then runs that config as every config runs: in process
+(:func:`flower_dp.experiments.runner.run_experiment`) or as a Flower simulation on Ray
+(:func:`flower_dp.experiments.flower_backend.run_flower_experiment`).  So it has what those runs have: the one node
+builder, per-node privacy accounting, evaluation of the network-average model every ``eval_every`` iterations,
+``results.json`` / ``history.csv`` / a checkpoint in ``out_dir``, and ``resume=True``.  The budget is either a
+target eps (the noise multiplier is calibrated to it) or a given noise multiplier (its eps is reported).  Read
+the eps spent with :meth:`PrivateRun.privacy_spent`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import sources
+
+__all__ = ["train_private", "PrivateRun", "spent_over_nodes", "BACKENDS"]
+
+#: where :func:`train_private` runs the nodes
+BACKENDS = ("inprocess", "ray")
+#: algorithms whose Gaussian noise is ``noise_multiplier * clip / batch_size`` on the released batch mean
+_MULTIPLIER_ALGORITHMS = ("dp2_sgd", "adp2_sgd", "privsgp")
+
+
+@dataclass
+class PrivateRun:
+    """What :func:`train_private` produced (also in ``out_dir/results.json``)."""
+
+    status: str
+    history: list[dict[str, Any]]
+    privacy: dict[str, Any]
+    out_dir: Path | None
+    backend: str
+    plan: Any = field(default=None, repr=False)
+
+    @property
+    def final_accuracy(self) -> float:
+        """Test accuracy of the network-average model at the last evaluation (nan before any)."""
+        return float(self.history[-1]["acc_avg"]) if self.history else float("nan")
+
+    def privacy_spent(self):
+        """The privacy spent, as :meth:`flower_dp.PushSumStrategy.privacy_spent` answers it (a ``PrivacySpent``:
+        ``epsilon``, ``delta``, ``num_releases``, ``accounting_method``); None for a non-private run."""
+        return spent_over_nodes(self.privacy.get("per_node", []))
+
+
+def spent_over_nodes(per_node: list[dict[str, Any]]):
+    """A ``PrivacySpent`` of the largest eps over the nodes' privacy reports
+    (:func:`flower_dp.privacy.reports.largest_node_spend`); None when no node is private or none reported."""
+    from flower_dp.privacy.reports import largest_node_spend
+    from flower_dp.strategies.flower_privacy import spent
+
+    found = largest_node_spend(per_node)
+    return None if found is None else spent(*found)
+
+
+def _digest(model_fn: Callable[[], Any], train: tuple[Any, Any], test: tuple[Any, Any], seed: int) -> str:
+    """A key naming this model and data: a hash of the tensors and of the model's parameter names and shapes."""
+    import torch
+
+    h = hashlib.sha256()
+    for t in (*train, *test):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.numpy().tobytes())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_fn()
+    h.update(type(model).__qualname__.encode())
+    for name, p in model.named_parameters():
+        h.update(f"{name}{tuple(p.shape)}".encode())
+    return h.hexdigest()[:16]
+
+
+def _algorithm_params(algorithm: str, params: dict[str, Any] | None, *, target_epsilon: float | None,
+                      noise_multiplier: float | None, delta: float, clip: float, batch_size: int,
+                      lr: float) -> dict[str, Any]:
+    """The ``[algorithm.params]`` of the run: the keyword arguments mapped onto the algorithm's own names."""
+    from flower_dp.clients.registry import param_names
+
+    valid = set(param_names(algorithm))
+    if target_epsilon is not None and noise_multiplier is not None:
+        raise ValueError(f"give target_epsilon (the noise is calibrated to it) or noise_multiplier (its eps is "
+                         f"reported), not both; got target_epsilon={target_epsilon}, "
+                         f"noise_multiplier={noise_multiplier}")
+    if noise_multiplier is not None and algorithm not in _MULTIPLIER_ALGORITHMS:
+        raise ValueError(f"noise_multiplier is supported for the algorithms {list(_MULTIPLIER_ALGORITHMS)}, got "
+                         f"algorithm={algorithm!r}; pass target_epsilon instead")
+    out: dict[str, Any] = {"lr": lr, "batch_size": batch_size}
+    if "G" in valid:
+        out["G"] = clip
+    if "delta" in valid:
+        out["delta"] = delta
+    if target_epsilon is not None:
+        if "epsilon" not in valid:
+            raise ValueError(f"algorithm {algorithm!r} has no privacy budget, got target_epsilon={target_epsilon}; "
+                             "leave it unset or pick a private algorithm")
+        out["epsilon"] = target_epsilon
+    if noise_multiplier is not None:
+        if not noise_multiplier > 0:
+            raise ValueError(f"noise_multiplier must be > 0, got {noise_multiplier}; pass a positive number")
+        out["noise_std"] = float(noise_multiplier) * float(clip) / int(batch_size)
+    return {**out, **dict(params or {})}
+
+
+def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes: int = 4, num_iters: int = 100,
+                  eval_every: int | None = None, target_epsilon: float | None = None,
+                  noise_multiplier: float | None = None, delta: float = 1e-5, clip: float = 1.0,
+                  batch_size: int = 32, lr: float = 0.05, algorithm: str = "dp2_sgd",
+                  params: dict[str, Any] | None = None, topology: str = "exp_one_peer",
+                  partition: str = "shuffle_split", seed: int = 0, reproducible: bool = False,
+                  out_dir: str | Path | None = None, resume: bool = False, backend: str = "inprocess",
+                  num_hosts: int = 2, device: str = "cpu", name: str = "train_private",
+                  progress: bool = False) -> PrivateRun:
+    """Train ``model_fn()`` with differentially private push-sum on ``n_nodes`` nodes that split ``train``.
+
+    Parameters
+    ----------
+    model_fn : callable () -> torch.nn.Module
+        Your model; every node calls it (under the run's seed, so they start alike).  For ``backend="ray"`` it must
+        pickle (a function of your script or module, or a class).
+    train, test : data
+        Training data (split over the nodes by ``partition``) and a held-out test set the network-average model is
+        evaluated on: ``(x, y)`` tensors, a ``DataLoader`` or a dataset (:func:`flower_dp.data.as_tensors`).
+        ``y`` holds class labels; the loss is cross-entropy.
+    target_epsilon, noise_multiplier : float
+        The budget: a target eps per node at ``delta`` (the noise multiplier is calibrated to meet it), or the noise
+        multiplier std / (clip x sensitivity) itself (eps is then reported).  One of the two for a private
+        algorithm.
+    delta, clip, batch_size, lr : float, float, int, float
+        delta of the guarantee, per-sample L2 clip bound, expected (Poisson) batch size, step size.
+    algorithm, params : str, dict
+        A :mod:`flower_dp.clients.registry` algorithm (default ``"dp2_sgd"``: DP-SGD steps mixed by push-sum) and
+        extra parameters of it (they override the arguments above).
+    n_nodes, num_iters, eval_every, topology, partition, seed, reproducible, device
+        As the ``[topology]``, ``[run]`` and ``[data]`` keys of a config (:mod:`flower_dp.experiments.config`);
+        ``eval_every`` defaults to ``num_iters`` (one evaluation at the end).
+    out_dir, resume : path, bool
+        Where ``results.json``, ``history.csv`` and the checkpoint go (None: nothing written in process; a temporary
+        folder on Ray); ``resume=True`` continues from the checkpoint of the same call.
+    backend, num_hosts : str, int
+        ``"inprocess"`` or ``"ray"`` (a Flower simulation with ``num_hosts`` Ray host actors).
+
+    Returns
+    -------
+    PrivateRun
+        ``history`` (one row per evaluation: ``k``, ``acc_avg``, ``test_loss_avg``, ...), ``final_accuracy``,
+        ``privacy_spent()``, ``status``, ``out_dir``.
+    """
+    from flower_dp._checks import check_choice
+    from flower_dp.data import as_tensors
+
+    from .config import config_from_dict
+
+    check_choice("backend", backend, BACKENDS)
+    x, y = as_tensors(train)
+    x_test, y_test = as_tensors(test)
+    num_classes = int(max(int(y.max()), int(y_test.max())) + 1)
+    key = sources.PREFIX + _digest(model_fn, (x, y), (x_test, y_test), int(seed))
+    sources.register(key, sources.OwnSource(model_fn, (x, y), (x_test, y_test), num_classes))
+    cfg = config_from_dict({
+        "run": {"name": name, "seed": int(seed), "num_iters": int(num_iters),
+                "eval_every": int(eval_every or num_iters), "out_dir": None if out_dir is None else str(out_dir),
+                "checkpoint": out_dir is not None or backend == "ray", "progress": bool(progress),
+                "device": device, "reproducible": bool(reproducible)},
+        "data": {"dataset": key, "partition": partition},
+        "model": {"name": key},
+        "topology": {"name": topology, "n_nodes": int(n_nodes)},
+        "algorithm": {"name": algorithm, "params": _algorithm_params(
+            algorithm, params, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta,
+            clip=clip, batch_size=batch_size, lr=lr)},
+    })
+    if backend == "inprocess":
+        from .runner import run_experiment
+
+        res = run_experiment(cfg, out_dir=out_dir, resume=resume, progress=progress)
+        plan = res.nodes[0].plan if res.nodes and hasattr(res.nodes[0], "plan") else None
+        return PrivateRun(res.status, res.history, res.privacy, res.out_dir, backend, plan)
+    from .flower_backend import run_flower_experiment
+
+    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="flower-dp-"))
+    doc = run_flower_experiment(cfg, out_dir=out, num_hosts=int(num_hosts), resume=resume)
+    return PrivateRun(str(doc["status"]), list(doc.get("history", [])), dict(doc.get("privacy", {})), out, backend)
