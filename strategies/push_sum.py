@@ -68,7 +68,8 @@ from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import MESSAGE_KEYS as KEY
 from flower_dp.models import resolve_device
 from flower_dp.privacy.budget import charge_replay
-from flower_dp.recorder import (FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, completed_status, plan_summary,
+from flower_dp.engine import completed_status
+from flower_dp.recorder import (FAILED, RUNNING, SAMPLER_REFUSAL, RunRecorder, plan_summary,
                                 sampler_identity)
 from flower_dp.gossip.relay import ARRAYS_KEY, RelayGossipBackend, encode, from_records, to_records
 from flower_dp.rng import noise_record
