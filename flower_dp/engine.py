@@ -9,7 +9,7 @@ checkpoint after every segment, the clean stop (a stop file or a ``should_stop``
 one results document (:func:`results_document`).  This module is the only place in the library that writes a
 results document or a checkpoint or decides a status (a test reads the sources to keep it so);
 :class:`flower_dp.strategies.GauLRQ`, whose rounds are Flower's and not push-sum segments, records its rounds
-through :func:`save_round` and :func:`status_of_stop_reason`.
+through :func:`save_round` and :func:`with_status`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .privacy.budget import charge_replay
 from .recorder import FAILED, FINISHED, RUNNING, STOPPED, STOPPED_BY_BUDGET, RunRecorder
 
 __all__ = ["SegmentBackend", "SegmentPlan", "RunHeader", "RunProgress", "run_segments", "results_document",
-           "completed_status", "status_of_stop_reason", "save_round", "STOP_FILE_ENV", "stop_requested",
+           "completed_status", "status_of_stop_reason", "save_round", "with_status", "STOP_FILE_ENV", "stop_requested",
            "flat_rows"]
 
 #: Names a file whose existence asks every in-process run (of this process and of the processes it starts) to stop at
@@ -68,10 +68,16 @@ def status_of_stop_reason(stop_reason: str) -> str:
 
 
 def save_round(recorder: RunRecorder, document: dict[str, Any], checkpoint: dict[str, Any] | None = None) -> None:
-    """Record one finished round of a round-by-round run: its checkpoint state (given) and its results document."""
+    """Record a round-by-round run after a round (or at its end): its checkpoint state (given) and its results
+    document, whose ``"status"`` is decided here from its ``"stop_reason"`` (:func:`status_of_stop_reason`)."""
     if checkpoint is not None:
         recorder.save_checkpoint(checkpoint)
-    recorder.write(document)
+    recorder.write(with_status(document))
+
+
+def with_status(document: dict[str, Any]) -> dict[str, Any]:
+    """A round-by-round run's results ``document`` with its ``"status"``, decided from its ``"stop_reason"``."""
+    return {**document, "status": status_of_stop_reason(str(document.get("stop_reason", "")))}
 
 
 #: Restores every node at the start of the segment about to run: ``() -> {node_id: state}`` (see :func:`run_segments`).
@@ -328,10 +334,9 @@ def run_segments(backend: SegmentBackend, plan: SegmentPlan, *, recorder: RunRec
                 raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
             restorer.snapshot = recorder.load_checkpoint(upgrade=upgrade)
             prog.load(restorer.snapshot)
-        k_start = prog.k
-        if k_start < plan.num_iters:
-            replayed = clean_at != k_start
-            backend.start(k_start, lambda: restorer.states_at(k_start, replayed=replayed) if k_start else {})
+        k_start = prog.k  # the nodes are restored even at the end (a resumed finished run reports their state)
+        replayed = clean_at != k_start
+        backend.start(k_start, lambda: restorer.states_at(k_start, replayed=replayed) if k_start else {})
         started = True
         for rnd, k0, k1 in plan.segments():
             if k1 <= prog.k:

@@ -324,3 +324,15 @@ def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, w
         assert 50.3 <= sch.eps_rigorous <= 55.0
 
 
+
+
+def test_noise_multiplier_is_the_per_round_schedule_and_a_fixed_one_is_every_round():
+    """``GauLRQ.noise_multiplier``: z_k of every round (the calibrated schedule, or the argument in every round);
+    sigma(k) = z_k S2 / sqrt(B); None for method="none"."""
+    calibrated = _strategy()
+    assert calibrated.noise_multiplier.shape == (4,)
+    np.testing.assert_array_equal(calibrated.noise_multiplier, calibrated.schedule.z)
+    assert calibrated.sigma(2) == pytest.approx(calibrated.noise_multiplier[2] * 0.1 / math.sqrt(B), rel=1e-15)
+    fixed = _strategy(noise_multiplier=1.5, epsilon=1e6)
+    np.testing.assert_allclose(fixed.noise_multiplier, np.full(4, 1.5), rtol=1e-12)
+    assert _strategy(method="none").noise_multiplier is None

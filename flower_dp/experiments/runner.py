@@ -239,7 +239,8 @@ def run_experiment(
 
     show = cfg.run.get("progress", True) if progress is None else progress
     bar = _progress(K, show, cfg.run["name"])
-    backend = InProcessBackend(nodes, topology.out_neighbors, on_iteration=None if bar is None else lambda: bar.update(1))
+    tick = None if bar is None else (lambda: bar.update(1))
+    backend = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
     try:
         prog = run_segments(backend, segments, recorder=recorder, header=header, evaluate=evaluate, resume=resume,
                             stop_file=lambda: stop_requested(), debug_metrics=debug, upgrade=_upgrade_checkpoint)
