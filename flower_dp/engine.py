@@ -300,7 +300,7 @@ def run_segments(backend: SegmentBackend, plan: SegmentPlan, *, recorder: RunRec
         again, unless the run stopped cleanly right there.
     should_stop : callable (round, progress) -> bool, optional
         Asked after each segment's checkpoint: True ends the run there, cleanly (status ``"stopped"``,
-        ``stop_reason = "should_stop: round r"``).
+        ``stop_reason = "should_stop: round r"``); after the last segment the run is complete whatever it answers.
     stop_file : callable () -> bool, optional
         Also stop cleanly when it answers True after a segment (with a checkpoint only; :func:`stop_requested`: the
         file named by :data:`STOP_FILE_ENV` exists).
@@ -359,7 +359,8 @@ def run_segments(backend: SegmentBackend, plan: SegmentPlan, *, recorder: RunRec
                 restorer.keep(prog.checkpoint_state(backend.state_dicts()))
             if on_segment is not None:
                 on_segment(rnd, k0, k1, prog)
-            if k1 < plan.num_iters and (should_stop is not None and should_stop(rnd, prog)):
+            asked = should_stop is not None and should_stop(rnd, prog)  # asked every segment, the last one too
+            if k1 < plan.num_iters and asked:
                 prog.stop_reason = f"should_stop: round {rnd}"
             elif k1 < plan.num_iters and stop_file is not None and recorder.checkpoint and stop_file():
                 prog.stop_reason = f"stop file: round {rnd}"

@@ -190,6 +190,7 @@ def test_should_stop_ends_the_run_cleanly_and_a_resume_finishes_it(task_identity
                            out_dir=tmp_path, resume=True)
     result = rest.start(grid, should_stop=should_stop)
     assert [h["k"] for h in rest.history] == [R, K]
+    assert asked == [(1, [1]), (2, [2])]  # asked after the last round too; the run is complete whatever it answers
     assert json.loads((tmp_path / "results.json").read_text())["status"] == "finished"
     model = model_fn()
     model.load_state_dict(result.arrays.to_torch_state_dict())
