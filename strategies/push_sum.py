@@ -243,7 +243,7 @@ class PushSumStrategy(Strategy):
             and ``eps_paper``: the largest over the nodes; ``eps_heuristic`` for the DPPS family), where GauLRQ
             puts them too; :meth:`privacy_spent` answers the same as a ``PrivacySpent``.
         """
-        t0 = time.perf_counter()
+        t0 = self.progress.started = time.perf_counter()
         if timeout is not None:
             self.timeout_s = check_positive("timeout", timeout)
         self.initial = initial_arrays if initial_arrays is not None and len(initial_arrays) else None

@@ -315,7 +315,7 @@ def test_train_sampling_options_are_refused_but_evaluation_options_compose():
                                           (1920, 80, 100, 1.0, 3.413)])
 def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, want):
     """Spec §5.3's table (Poisson q = B/N, add/remove, RDP) is not a bound for B-of-N sampling under replace-one:
-    the tight bound is always above it (issue 12: 50.4 against 12.2 at the paper's z), so it is no longer reported."""
+    the tight bound is always above it (50.4 against 12.2 at the paper's z), so it is no longer reported."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=K, B=B, N=N, noise_multiplier=z,
                            calibration="paper")
     assert sch.eps_rigorous > want

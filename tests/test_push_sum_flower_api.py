@@ -1,4 +1,4 @@
-"""PushSumStrategy.start with FedAvg's signature (issue 14 "Drop-in parity"), through the relay's fake Grid.
+"""PushSumStrategy.start with FedAvg's signature (drop-in parity), through the relay's fake Grid.
 
 ``initial_arrays`` is the nodes' starting model; ``timeout`` and ``train_config`` are honoured; Flower's
 ``evaluate_fn(round, ArrayRecord)`` sees the network-average model; the ``Result``'s arrays load into the user's

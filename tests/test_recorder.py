@@ -1,5 +1,6 @@
-"""One run recorder (issue 13): ``flower_dp.recorder.RunRecorder`` writes results and checkpoints for the runner,
-``PushSumStrategy`` and ``GauLRQ``, and refuses a checkpoint of another run or a corrupted one."""
+"""The run recorder: ``flower_dp.recorder.RunRecorder`` writes results and checkpoints for the run engine
+(:mod:`flower_dp.engine`, which serves the runner, ``PushSumStrategy`` and ``GauLRQ``), and refuses a checkpoint of
+another run or a corrupted one."""
 
 from __future__ import annotations
 
