@@ -1,11 +1,10 @@
 """One run's files: ``results.json``, ``history.csv`` and the checksummed ``checkpoint.pt``, and the resume check.
 
-The in-process runner (:func:`flower_dp.experiments.run_experiment`), :class:`flower_dp.strategies.PushSumStrategy`
-and :class:`flower_dp.strategies.GauLRQ` write their runs through a :class:`RunRecorder`.  Each caller builds its
-own results document (its backend, timings, privacy section); the recorder decides where and how the files are
-written (atomically, :mod:`flower_dp.results`), stamps every checkpoint with the run's *identity* (the config or
-settings that determine the numbers) and refuses, with :class:`~flower_dp.errors.CheckpointError`, a checkpoint
-that is corrupted (checksum), written by an older flower-dp (a pickle) or by a run of another identity.
+A :class:`RunRecorder` decides where and how a run's files are written (atomically, :mod:`flower_dp.results`),
+stamps every checkpoint with the run's *identity* (the config or settings that determine the numbers) and refuses,
+with :class:`~flower_dp.errors.CheckpointError`, a checkpoint that is corrupted (checksum), written by an older
+flower-dp (a pickle) or by a run of another identity.  What goes into the files, and when, is decided by the run
+engine (:mod:`flower_dp.engine`), its only caller.
 """
 
 from __future__ import annotations
@@ -17,31 +16,14 @@ from typing import Any
 from . import results as rio
 from .errors import CheckpointError
 
-__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STOPPED", "STATUSES",
-           "completed_status"]
+__all__ = ["RunRecorder", "RUNNING", "FINISHED", "STOPPED_BY_BUDGET", "FAILED", "STOPPED", "STATUSES"]
 
 #: ``results.json["status"]``: while segments run, after the last one, cut short by the privacy budget, after an error
 RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED = "running", "finished", "stopped_by_budget", "failed"
-#: stopped on request at the end of a segment, checkpoint written (:data:`flower_dp.experiments.runner.STOP_FILE_ENV`):
+#: stopped on request at the end of a segment, checkpoint written (:data:`flower_dp.engine.STOP_FILE_ENV`):
 #: not finished, resumes with nothing charged twice
 STOPPED = "stopped"
 STATUSES = (RUNNING, FINISHED, STOPPED_BY_BUDGET, FAILED, STOPPED)
-
-
-def completed_status(num_iters_run: int, num_iters_requested: int) -> str:
-    """The status of a run that has run every iteration of its plan: ``finished`` or ``stopped_by_budget``.
-
-    The rule: fewer iterations run than the config asked for -> ``stopped_by_budget``; as many or more ->
-    ``finished``.  What cuts K short is the privacy budget's pre-flight truncation (``budget_epsilon``,
-    :func:`flower_dp.clients.registry.prepare`).  PrivSGP-VR's K* (``kstar_A``/``kstar_L``, eq. 12) replaces the
-    requested K by its own: a K* above the request is ``finished``; one below it reads ``stopped_by_budget``, as a
-    budget stop does (the status does not tell the two apart; the plan's warnings name the cause).  A run that has
-    not run all its iterations is ``running`` or ``failed``; this function does not decide those.
-
-    The in-process runner (:func:`flower_dp.experiments.run_experiment`) and
-    :class:`flower_dp.strategies.PushSumStrategy` (and through it the Flower backend) decide with it.
-    """
-    return FINISHED if int(num_iters_run) >= int(num_iters_requested) else STOPPED_BY_BUDGET
 
 
 #: ``refusal(where, checkpoint's value, this run's value) -> message`` for one identity field
@@ -172,7 +154,12 @@ class RunRecorder:
         ck = rio.load_checkpoint(self.out_dir)
         if upgrade is not None:
             upgrade(ck)
+        self.check_identity(ck)
+        return ck
+
+    def check_identity(self, ck: Mapping[str, Any]) -> None:
+        """Raise :class:`CheckpointError` when a field of the checkpoint ``ck`` differs from this run's identity now
+        (checked in the order given; the identity may have been completed since the checkpoint was loaded)."""
         for key, want in self.identity().items():
             if ck.get(key) != want:
                 raise CheckpointError(self._refusals.get(key, _different_run)(self.where, ck.get(key), want))
-        return ck

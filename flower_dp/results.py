@@ -5,12 +5,13 @@ renamed over the target (``os.replace`` is atomic on POSIX), so a crash leaves e
 the old file or the new one.  Checkpoints carry a SHA-256 checksum of their payload
 and are refused with :class:`flower_dp.errors.CheckpointError` when it does not match.
 
-The results file (``results.json``) has the same layout for every backend::
+The results file (``results.json``) of a push-sum run has the same layout on every backend (built by
+:func:`flower_dp.engine.results_document`)::
 
-    {"config": ..., "seed": ..., "algorithm": ..., "status": "running|finished|stopped|failed",
-     "history": [{"k": ..., "acc_avg": ..., "loss_avg": ..., "bits_total": ..., ...}, ...],
-     "privacy": {"per_node": [{"node": i, "eps_rigorous": ..., "eps_paper": ..., ...}], ...},
-     "bits_sent_per_node": [...], "wall_time_s": ..., "versions": {...}}
+    {"name": ..., "status": "running|finished|stopped_by_budget|stopped|failed", "error": ..., "config": ...,
+     "seed": ..., "algorithm": ..., "backend": ..., "history": [{"k": ..., "bits_total": ..., ...}, ...],
+     "privacy": {"per_node": [{"node": i, "eps_rigorous": ..., "eps_paper": ..., ...}], "plan": ...},
+     "bits_sent_per_node": [...], "wall_time_s": ..., "stop_reason": ... (a clean stop), "versions": {...}}
 
 and ``history.csv`` holds the same history rows as a table.
 """

@@ -1,23 +1,18 @@
-"""Flower's own privacy-accounting API, as flower-dp's strategies report to it (public Flower API only).
+"""Flower's own privacy-accounting API as flower-dp's strategies report to it (public Flower API only).
 
-What exists (read from the installed Flower's source)
-----------------------------------------------------
-Flower 1.42 (and 1.41.0, read from its wheel) exports from ``flwr.serverapp``: ``PrivacyAccountant`` (a
-Protocol: ``compose``, ``would_exceed``, ``get_privacy_spent``, ``state_dict``...), ``PrivacyConfig`` (``target_delta``,
-``population_size``, ``neighboring_relation``, ``sampling_method``, ``max_epsilon``), ``PrivacySpent``,
-``GaussianPrivacyEvent(noise_multiplier, sample_size, population_size)``, ``NeighboringRelation``,
-``SamplingMethod`` and ``RdpAccountant`` (dp-accounting's RDP behind Flower's types); and
-``flwr.serverapp.exception.PrivacyBudgetExhausted`` (an ``AppExitException``: a ServerApp that lets it
-escape exits with Flower's "strategy precondition unmet" code).  Flower's DP wrappers
-(``DifferentialPrivacy*FixedClipping(..., accountant=...)``) check ``would_exceed`` in ``configure_train``,
-raise ``PrivacyBudgetExhausted`` there, compose after aggregation, and answer ``privacy_spent()``.
-An older Flower without this API: :data:`FLOWER_PRIVACY_API` is then False, :class:`BudgetExhausted` is a
-plain :class:`~flower_dp.errors.BudgetExceededError`, and strategies report their own eps only.
+Flower (>= 1.41) exports from ``flwr.serverapp`` a ``PrivacyAccountant`` protocol, ``PrivacyConfig``,
+``PrivacySpent``, ``GaussianPrivacyEvent(noise_multiplier, sample_size, population_size)`` and ``RdpAccountant``,
+and raises ``PrivacyBudgetExhausted`` from ``configure_train`` when the next release would exceed the budget; its
+DP wrappers compose after aggregation and answer ``privacy_spent()``.  This module builds Flower's events of a
+flower-dp release (:func:`gaussian_event`), refuses an accountant configuration that gives no valid bound for the
+mechanism (:func:`check_accountant`), composes and reports (:func:`compose`, :func:`spent`), and raises
+:class:`BudgetExhausted`, which is both flower-dp's and Flower's budget error.  Without Flower's API,
+:data:`FLOWER_PRIVACY_API` is False and strategies report their own eps only.
 
 Noise-multiplier convention (the one thing to get right)
 -------------------------------------------------------
-flower-dp's ``z`` (GauLRQ's ``z_k``) and Flower's DP wrappers' ``noise_multiplier`` are the same number:
-the released SUM of the clipped updates carries ``N(0, (z C)^2 I)`` (Flower adds ``z C / m`` to the
+flower-dp's ``noise_multiplier`` z (GauLRQ's ``z_k``) and Flower's DP wrappers' ``noise_multiplier`` are the same
+number: the released SUM of the clipped updates carries ``N(0, (z C)^2 I)`` (Flower adds ``z C / m`` to the
 mean of m updates, i.e. ``z C`` on the sum; GauLRQ's per-client std is ``z S2 / sqrt(B)``, i.e. ``z S2``
 on the sum).  Flower's ``GaussianPrivacyEvent.noise_multiplier``, however, is dp-accounting's: the noise
 std divided by the L2 *sensitivity of the sum under the configured neighbouring relation*.  Under
@@ -92,19 +87,21 @@ else:
         """The next release would exceed the budget (Flower without ``PrivacyBudgetExhausted``)."""
 
 
-def event_noise_multiplier(z: float, *, adjacency: str) -> float:
-    """Flower's ``GaussianPrivacyEvent.noise_multiplier`` of a release whose sum carries ``N(0, (z C)^2 I)``.
+def event_noise_multiplier(noise_multiplier: float, *, adjacency: str) -> float:
+    """Flower's ``GaussianPrivacyEvent.noise_multiplier`` of a release whose sum carries ``N(0, (z C)^2 I)``, where
+    z is flower-dp's ``noise_multiplier``.
 
     ``adjacency="replace_one"`` (the sum moves by 2C): ``z / 2``; ``"add_remove"`` (by C): ``z``.
     """
     check_choice("adjacency", adjacency, ADJACENCIES)
-    return float(z) / 2.0 if adjacency == "replace_one" else float(z)
+    return float(noise_multiplier) / 2.0 if adjacency == "replace_one" else float(noise_multiplier)
 
 
-def gaussian_event(z: float, *, sample_size: int, population_size: int, adjacency: str = "replace_one"):
-    """Flower's event for one release: ``sample_size`` of ``population_size`` clients, noise ``z C`` on the sum."""
+def gaussian_event(noise_multiplier: float, *, sample_size: int, population_size: int, adjacency: str = "replace_one"):
+    """Flower's event for one release: ``sample_size`` of ``population_size`` clients, noise ``z C`` on the sum
+    (z = ``noise_multiplier``)."""
     _require_api()
-    return GaussianPrivacyEvent(noise_multiplier=event_noise_multiplier(z, adjacency=adjacency),
+    return GaussianPrivacyEvent(noise_multiplier=event_noise_multiplier(noise_multiplier, adjacency=adjacency),
                                 sample_size=int(sample_size), population_size=int(population_size))
 
 

@@ -1,6 +1,6 @@
 """Gau-LRQ on Flower's deployment engine: a real ``flower-superlink`` and 4 ``flower-supernode`` processes on
 127.0.0.1 (``--node-config "partition-id=i num-partitions=4"``), the example app ``examples/gau_lrq`` through
-``flwr run`` to the end (issue 14).  Every process is stopped in teardown (tests/flwr_deploy_helper.py).
+``flwr run`` to the end.  Every process is stopped in teardown (tests/flwr_deploy_helper.py).
 
 B = N = 4: every round trains every SuperNode, so ``received == 4`` in every round means that all four took part
 (the strategy rejects a partition id seen twice in a round).  z is fixed and the budget is set above what the

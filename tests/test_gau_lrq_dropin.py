@@ -1,4 +1,4 @@
-"""GauLRQ as a drop-in for Flower's FedAvg, in-process (no Ray; issue 14, "Drop-in parity").
+"""GauLRQ as a drop-in for Flower's FedAvg, in-process (no Ray).
 
 A user's ServerApp code calls ``FedAvg(**kw).start(...)``; swapping in ``GauLRQ(**kw, num_clients=N, clip=...,
 epsilon=...)`` must accept the same keyword arguments (or refuse what it cannot honour in one error that names

@@ -1,5 +1,5 @@
 """FedAvg -> GauLRQ in a user's ServerApp, in a real Flower simulation, and ``flwr run`` of the example with
-Flower's default runtime dependency installation (issue 14).  Each test starts Ray: scripts/test.sh runs this
+Flower's default runtime dependency installation.  Each test starts Ray: scripts/test.sh runs this
 file's tests in processes of their own.
 """
 

@@ -315,7 +315,7 @@ def test_train_sampling_options_are_refused_but_evaluation_options_compose():
                                           (1920, 80, 100, 1.0, 3.413)])
 def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, want):
     """Spec §5.3's table (Poisson q = B/N, add/remove, RDP) is not a bound for B-of-N sampling under replace-one:
-    the tight bound is always above it (issue 12: 50.4 against 12.2 at the paper's z), so it is no longer reported."""
+    the tight bound is always above it (50.4 against 12.2 at the paper's z), so it is no longer reported."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=K, B=B, N=N, noise_multiplier=z,
                            calibration="paper")
     assert sch.eps_rigorous > want
@@ -324,3 +324,15 @@ def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, w
         assert 50.3 <= sch.eps_rigorous <= 55.0
 
 
+
+
+def test_noise_multiplier_is_the_per_round_schedule_and_a_fixed_one_is_every_round():
+    """``GauLRQ.noise_multiplier``: z_k of every round (the calibrated schedule, or the argument in every round);
+    sigma(k) = z_k S2 / sqrt(B); None for method="none"."""
+    calibrated = _strategy()
+    assert calibrated.noise_multiplier.shape == (4,)
+    np.testing.assert_array_equal(calibrated.noise_multiplier, calibrated.schedule.z)
+    assert calibrated.sigma(2) == pytest.approx(calibrated.noise_multiplier[2] * 0.1 / math.sqrt(B), rel=1e-15)
+    fixed = _strategy(noise_multiplier=1.5, epsilon=1e6)
+    np.testing.assert_allclose(fixed.noise_multiplier, np.full(4, 1.5), rtol=1e-12)
+    assert _strategy(method="none").noise_multiplier is None

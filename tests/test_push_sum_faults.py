@@ -1,4 +1,4 @@
-"""Faults under Flower (issue 9): a host actor killed mid-segment, automatic restart, clean stop, resume."""
+"""Faults under Flower: a host actor killed mid-segment, automatic restart, clean stop, resume."""
 
 from __future__ import annotations
 

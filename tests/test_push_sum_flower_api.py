@@ -1,4 +1,4 @@
-"""PushSumStrategy.start with FedAvg's signature (issue 14 "Drop-in parity"), through the relay's fake Grid.
+"""PushSumStrategy.start with FedAvg's signature (drop-in parity), through the relay's fake Grid.
 
 ``initial_arrays`` is the nodes' starting model; ``timeout`` and ``train_config`` are honoured; Flower's
 ``evaluate_fn(round, ArrayRecord)`` sees the network-average model; the ``Result``'s arrays load into the user's
@@ -95,7 +95,9 @@ def test_start_has_fedavg_signature_and_returns_a_loadable_average(task_identity
 
     fed = inspect.signature(FedAvg.start).parameters
     mine = inspect.signature(PushSumStrategy.start).parameters
-    assert list(mine) == list(fed), f"start() parameters {list(mine)} differ from FedAvg's {list(fed)}"
+    # FedAvg's parameters in order, then Flower 1.43's optional should_stop where the installed FedAvg lacks it
+    assert list(mine)[:len(fed)] == list(fed), f"start() parameters {list(mine)} differ from FedAvg's {list(fed)}"
+    assert list(mine)[len(fed):] in ([], ["should_stop"]) and mine["should_stop"].default is None
 
     grid = FakeGrid(N, builder, fresh_process=True)
     strat = PushSumStrategy(N, {"algorithm": "dyn_d2p"}, num_iters=K, iters_per_round=R, transport="relay",
@@ -156,3 +158,40 @@ def test_initial_arrays_of_another_model_fail_with_the_fix(task_identity):
     strat = PushSumStrategy(N, {"algorithm": "dyn_d2p"}, num_iters=K, iters_per_round=R, transport="relay")
     with pytest.raises((RuntimeError, ValueError), match="initial_arrays do not fit"):
         strat.start(grid, initial_arrays=ArrayRecord(_BNNet().state_dict()))
+
+
+def test_should_stop_ends_the_run_cleanly_and_a_resume_finishes_it(task_identity, tmp_path):
+    """Flower 1.43's ``should_stop(round, result)``: True after round 1 ends the run there (results and checkpoint
+    saved, status stopped, ``stop_reason``); ``resume=True`` runs round 2 and ends with the uninterrupted average."""
+    import json
+
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    torch.set_num_threads(1)
+    model_fn = functools.partial(build_model, "logreg", num_classes=2, in_features=5, seed=0)
+    _, factory = _factory(model_fn)
+    _, want = _reference(factory)
+    asked = []
+
+    def should_stop(rnd, result):
+        asked.append((rnd, sorted(result.train_metrics_clientapp)))
+        return rnd == 1
+
+    grid = FakeGrid(N, lambda i, spec, ctx: factory, fresh_process=False)
+    cut = PushSumStrategy(N, {"algorithm": "dyn_d2p"}, num_iters=K, iters_per_round=R, transport="relay",
+                          out_dir=tmp_path)
+    cut.start(grid, should_stop=should_stop)
+    assert asked == [(1, [1])] and [h["k"] for h in cut.history] == [R]
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["status"] == "stopped" and doc["stop_reason"] == "should_stop: round 1"
+
+    grid = FakeGrid(N, lambda i, spec, ctx: factory, fresh_process=False)
+    rest = PushSumStrategy(N, {"algorithm": "dyn_d2p"}, num_iters=K, iters_per_round=R, transport="relay",
+                           out_dir=tmp_path, resume=True)
+    result = rest.start(grid, should_stop=should_stop)
+    assert [h["k"] for h in rest.history] == [R, K]
+    assert asked == [(1, [1]), (2, [2])]  # asked after the last round too; the run is complete whatever it answers
+    assert json.loads((tmp_path / "results.json").read_text())["status"] == "finished"
+    model = model_fn()
+    model.load_state_dict(result.arrays.to_torch_state_dict())
+    assert torch.equal(flatten_params(model), want)

@@ -65,7 +65,7 @@ RELAY_REPLY = {"shares", "metrics", "contrib", "eval_params", "privacy", "state"
 RESULTS_TOP = {"name", "status", "error", "config", "seed", "algorithm", "backend", "num_iters_requested", "num_iters",
                "iters_per_round", "info", "history", "privacy", "bits_sent_per_node", "failures", "wall_time_s",
                "train_cpu_s", "timings", "versions", "uncharged_statistics_released", "release_warning",
-               "wall_time_s_with_startup",
+               "wall_time_s_with_startup", "stop_reason",
                "noise"}  # the noise mode label (secret | reproducible) and its note: public, nothing of the data
 
 

@@ -133,9 +133,9 @@ def test_same_seed_default_mode_draws_different_noise_reproducible_mode_same_num
 
 def test_secret_mode_resume_continues_with_fresh_secrets(tmp_path, monkeypatch):
     """A stopped secret-mode run resumes and finishes (fresh node secrets: valid, not the uninterrupted numbers)."""
-    import flower_dp.experiments.runner as runner_mod
+    from flower_dp import results as rio  # the file layer the run engine checkpoints through
 
-    real, calls = runner_mod.rio.save_checkpoint, {"n": 0}
+    real, calls = rio.save_checkpoint, {"n": 0}
 
     def stop_after_first(*a, **k):
         real(*a, **k)
@@ -143,7 +143,7 @@ def test_secret_mode_resume_continues_with_fresh_secrets(tmp_path, monkeypatch):
         if calls["n"] == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner_mod.rio, "save_checkpoint", stop_after_first)
+    monkeypatch.setattr(rio, "save_checkpoint", stop_after_first)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(_cfg(), out_dir=tmp_path)
     monkeypatch.undo()

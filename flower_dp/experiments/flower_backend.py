@@ -1,12 +1,11 @@
 """Run an experiment config as a Flower simulation on Ray (DESIGN.md backend 2), same results file.
 
-:func:`run_flower_experiment` is the Flower twin of :func:`flower_dp.experiments.run_experiment`:
-one SuperNode per push-sum node, one Flower round per segment of ``run.eval_every`` iterations,
-shares exchanged peer to peer between Ray host actors, the network-average model evaluated by the
-server after every round.  It writes ``results.json`` in the runner's layout (history rows with
-``k``, ``acc_avg``, ``test_loss_avg``, ``bits_total``; per-node privacy; ``config``; ``info``), so
-reports and sweeps treat both backends alike.  Same seed and config with ``[run] reproducible = true`` ->
-the same numbers on CPU (by default every node's noise comes from its own secret: fresh per run).
+:func:`run_flower_experiment` is the Flower twin of :func:`flower_dp.experiments.run_experiment`: one SuperNode per
+push-sum node, one Flower round per segment of ``run.eval_every`` iterations, shares exchanged peer to peer between
+Ray host actors, the network-average model evaluated by the server after every round.  The strategy's run engine
+writes ``results.json`` in the runner's layout (history rows with ``k``, ``bits_total``, the evaluation; per-node
+privacy; ``config``; ``info``), so reports and sweeps treat both backends alike.  Same seed and config with
+``[run] reproducible = true`` -> the same numbers on CPU (by default every node's noise comes from its own secret).
 """
 
 from __future__ import annotations
@@ -51,6 +50,9 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     x_test, y_test = parts.test_data()
     model = parts.new_model()
 
+    info = {"dataset": parts.test.name, "synthetic_data": bool(getattr(parts.test, "synthetic", False)),
+            "test_samples": len(x_test), "dim": int(plan.dim), "topology": cfg.topology["name"], "device": "cpu"}
+
     def evaluate(rnd: int, avg: torch.Tensor) -> dict[str, float]:
         acc, loss = evaluate_params(model, avg, x_test, y_test)
         return {"acc_avg": acc, "test_loss_avg": loss}
@@ -64,8 +66,9 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
                                    iters_per_round=int(cfg.run["eval_every"]), transport="ray", evaluate_fn=evaluate,
                                    out_dir=out, timeout_s=timeout_s, checkpoint=bool(cfg.run.get("checkpoint", True)),
                                    run_name=str(cfg.run["name"]), resume=bool(resume),
-                                   debug_metrics=bool(cfg.run.get("debug_metrics", False)),
+                                   debug_metrics=bool(cfg.run.get("debug_metrics", False)), run_info=info,
                                    backend_kwargs={"num_hosts": num_hosts, "num_gpus_per_host": num_gpus_per_host})
+        strategy.timings["startup_s"] = time.perf_counter() - t0  # run_simulation starting Flower and this app
         strategy.start(grid)
         seen["strategy"] = strategy
 
@@ -78,15 +81,4 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     if doc is None or "strategy" not in seen:
         raise RuntimeError(f"the Flower simulation of {cfg.run['name']!r} ended without results in {str(out)!r}; "
                            "see the Flower log above")
-    for row in doc.get("history", []):
-        row.update(row.pop("eval", {}) or {})
-    doc.update({
-        "config": cfg.to_dict(), "seed": cfg.run["seed"], "num_iters_requested": int(cfg.run["num_iters"]),
-        "info": {"dataset": parts.test.name, "synthetic_data": bool(getattr(parts.test, "synthetic", False)),
-                 "test_samples": len(x_test), "dim": int(plan.dim), "topology": cfg.topology["name"], "device": "cpu"},
-        "wall_time_s_with_startup": time.perf_counter() - t0,
-    })
-    # doc["status"]: the strategy's, from the plan's K and the requested one (flower_dp.recorder.completed_status)
-    rio.write_json(out / "results.json", doc)
-    rio.write_csv(out / "history.csv", doc.get("history", []))
     return doc

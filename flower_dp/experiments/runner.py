@@ -1,16 +1,12 @@
-"""The in-process runner: build n nodes from a config, run K gossip iterations, report.
+"""The in-process runner: build n nodes from a config and run them in this process on the run engine.
 
-Every ``eval_every`` iterations (a *segment*) the runner evaluates the network-average
-model on the test set, appends a history row, writes ``results.json`` and
-``history.csv`` and a checksummed checkpoint (atomically), so a crash loses at most one
-segment and ``resume=True`` continues the run: with ``[run] reproducible = true`` it ends with exactly
-the numbers of an uninterrupted run; by default (secret mode) the restored nodes draw fresh secrets, so
-the rest of the run gets fresh, independent noise and batches (valid, but not the same numbers).
-``results.json`` says which in ``"noise"`` (:func:`flower_dp.rng.noise_record`).
-
-The privacy numbers in the results come from the algorithm's plan and nodes: per node,
-the rigorous eps of the noise actually added next to the paper formula's eps (the DPPS family,
-which has no DP proof: ``eps_rigorous`` null and ``eps_heuristic`` with a ``privacy_note``).
+:func:`run_experiment` builds the nodes, the plan and the test split of a config (:func:`build_experiment`, the
+node builder the ClientApp uses too) and drives them with :func:`flower_dp.engine.run_segments` through
+:class:`InProcessBackend`: every ``eval_every`` iterations (a *segment*) the network-average model is evaluated on
+the test set and the engine records the segment (history row, ``results.json``, ``history.csv``, checkpoint), so a
+crash loses at most one segment and ``resume=True`` continues the run.  With ``[run] reproducible = true`` a resumed
+run ends with exactly the numbers of an uninterrupted one; by default (secret mode) the restored nodes draw fresh
+secrets (valid, not the same numbers; ``results.json`` says which in ``"noise"``).
 """
 
 from __future__ import annotations
@@ -25,36 +21,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import results as rio
-from ..errors import NonFiniteError
+from ..engine import STOP_FILE_ENV, RunHeader, RunProgress, SegmentPlan, run_segments, stop_requested
 from ..gossip import run_iteration
-from ..privacy.budget import charge_replay
-from ..models import cross_entropy_loss, resolve_device
-from ..recorder import (FAILED, RUNNING, SAMPLER_REFUSAL, STOPPED, RunRecorder, completed_status, plan_summary,
-                        sampler_identity)
+from ..gossip.protocol import SegmentResult
+from ..models import resolve_device
+from ..recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
 from .config import ExperimentConfig
 
-__all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params", "STOP_FILE_ENV", "CLEAN_STOP_NAME",
-           "stop_requested"]
+__all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params", "InProcessBackend", "STOP_FILE_ENV",
+           "CLEAN_STOP_NAME", "stop_requested"]
 
-#: Names a file whose existence asks every in-process run (of this process and of the processes it starts) to stop at
-#: the end of its current segment: the checkpoint is written, no iteration after it runs, and the run's status is
-#: ``"stopped"``.  ``flower-dp reproduce`` sets it to ``OUT/STOP`` for its runs (``touch OUT/STOP`` ends a sweep
-#: without losing or double-charging anything; the same command resumes).
-STOP_FILE_ENV = "FLOWER_DP_STOP_FILE"
 #: Written beside the checkpoint by a run that stopped on request (:meth:`flower_dp.recorder.RunRecorder.mark_clean_stop`):
 #: ``{"k": k}``, the checkpoint's iteration, after which nothing ran.  A resume from that very checkpoint charges no
 #: replayed segment (a resume from any other, after a crash or a kill, charges the segment after it again:
 #: :func:`flower_dp.privacy.budget.charge_replay`).  It is consumed (deleted) before the resumed run's first iteration.
 CLEAN_STOP_NAME = RunRecorder.CLEAN_STOP_NAME
-
-
-def stop_requested() -> bool:
-    """Whether the file named by :data:`STOP_FILE_ENV` exists (a stop at the end of the current segment)."""
-    path = os.environ.get(STOP_FILE_ENV)
-    return bool(path) and Path(path).exists()
 
 
 @dataclass
@@ -81,9 +64,6 @@ class RunResult:
         """Largest per-node heuristic eps (DPPS family: no DP proof, per node-message); None for proven mechanisms."""
         vals = [float(p["eps_heuristic"]) for p in self.privacy.get("per_node", []) if p.get("eps_heuristic") is not None]
         return max(vals) if vals else None
-
-
-_loss_fn = cross_entropy_loss  # the name earlier code imported
 
 
 @torch.no_grad()
@@ -121,23 +101,8 @@ def build_experiment(cfg: ExperimentConfig):
     return nodes, parts.plan, parts.topology, parts.test_data(), eval_model, parts.info(device)
 
 
-def _network_average(nodes) -> torch.Tensor:
-    flats = [n.eval_params().detach().to("cpu", torch.float64) for n in nodes]
-    return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
-
-
-
 def _plan_num_iters(plan, requested: int) -> int:
     return int(getattr(plan, "num_iters", requested) or requested)
-
-
-def _privacy_section(plan, nodes, device: str = "cpu") -> dict[str, Any]:
-    per_node = []
-    for node in nodes:
-        rep = dict(node.privacy_report())
-        rep["node"] = node.node_id
-        per_node.append(rep)
-    return {"per_node": per_node, "plan": plan_summary(plan, device)}
 
 
 def _different_config(where: str, got: Any, want: Any) -> str:
@@ -157,6 +122,60 @@ def _progress(total: int, enabled: bool, desc: str):
         return None
     quiet = not enabled or os.environ.get("CI") or not sys.stderr.isatty()
     return tqdm(total=total, desc=desc, disable=bool(quiet), unit="it", leave=False)
+
+
+
+class InProcessBackend:
+    """The in-process loop as a :class:`flower_dp.engine.SegmentBackend`: every node lives in this process and an
+    iteration is :func:`flower_dp.gossip.run_iteration` over them (``receivers``: the topology's out-neighbours).
+
+    ``on_iteration()`` is called after every iteration (a progress bar).
+    """
+
+    def __init__(self, nodes: list[Any], receivers: Any, on_iteration: Any = None) -> None:
+        self.nodes, self.receivers, self.on_iteration = list(nodes), receivers, on_iteration
+
+    def start(self, k: int, restore) -> None:
+        """Set the nodes up (``k == 0``) or load the states ``restore()`` gives (iteration ``k``)."""
+        if k == 0:
+            for node in self.nodes:
+                node.setup()
+            return
+        states = restore()
+        for i, node in enumerate(self.nodes):
+            node.load_state_dict(states[i])
+
+    def run_segment(self, k0: int, k1: int, *, debug_metrics: bool = False, restore=None) -> SegmentResult:
+        """Iterations ``k0 .. k1 - 1``; the metric means over iterations and nodes of what may leave a node
+        (:func:`flower_dp.releases.node_metrics`; everything with ``debug_metrics``)."""
+        t0 = time.perf_counter()
+        bits = np.zeros(len(self.nodes), dtype=np.int64)
+        seg_metrics: dict[str, list[float]] = {}
+        for kk in range(k0, k1):
+            log = run_iteration(self.nodes, kk, receivers=self.receivers)
+            for i, b in log.bits_sent.items():
+                bits[i] += b
+            for node in self.nodes:
+                for key, v in node_metrics(node, debug_metrics).items():
+                    seg_metrics.setdefault(key, []).append(float(v))
+            if self.on_iteration is not None:
+                self.on_iteration()
+        means = {key: float(np.nanmean(vals)) if vals else float("nan") for key, vals in seg_metrics.items()}
+        return SegmentResult(int(k0), int(k1), bits, wall_time_s=time.perf_counter() - t0, means=means)
+
+    def network_average(self) -> torch.Tensor:
+        """Mean over nodes of ``eval_params()`` (float64 sum in node order, returned as float32)."""
+        flats = [n.eval_params().detach().to("cpu", torch.float64) for n in self.nodes]
+        return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
+
+    def privacy_reports(self) -> dict[int, dict[str, Any]]:
+        return {node.node_id: dict(node.privacy_report()) for node in self.nodes}
+
+    def state_dicts(self) -> dict[int, Any]:
+        return {i: node.state_dict() for i, node in enumerate(self.nodes)}
+
+    def shutdown(self) -> None:
+        """Nothing to release: the nodes stay with the caller (:attr:`RunResult.nodes`)."""
 
 
 def run_experiment(
@@ -183,125 +202,60 @@ def run_experiment(
         Show a progress bar (default from the config; always quiet when stderr is not a terminal or ``CI`` is set).
     """
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # the wall time counts the set-up too
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
+    if resume and out is None:
+        raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
     # the identity names the sampler of the nodes' device (numpy on the CPU, torch's float64 normal on CUDA), known
     # once build_experiment resolved it (checkpoints are loaded and saved after that)
     recorder = RunRecorder(out, identity=lambda: {"config": cfg.to_dict(), **sampler_identity(info["device"])},
                            checkpoint=cfg.run.get("checkpoint", True),
                            refusals={"config": _different_config, **SAMPLER_REFUSAL})
-    out_path = recorder.out_dir
     nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
     eval_model, x_test, y_test = _to_device(eval_model, x_test, y_test, info["device"])
     K = _plan_num_iters(plan, int(cfg.run["num_iters"]))
-    eval_every = int(cfg.run["eval_every"])
-    history: list[dict[str, Any]] = []
-    bits = np.zeros(len(nodes), dtype=np.int64)
-    k_start = 0
-    if resume:
-        if out_path is None:
-            raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
-        ckpt = recorder.load_checkpoint(upgrade=_upgrade_checkpoint)
-        k_start = int(ckpt["k"])
-        clean_here = recorder.take_clean_stop() == k_start  # the record is consumed before any iteration runs
-        for node, state in zip(nodes, ckpt["nodes"]):
-            if hasattr(node, "plan") and not clean_here:
-                # secret mode: the segment a crashed or killed run may have sent is charged again
-                state = charge_replay(state, node.plan, node.node_id, k_start, min(K, k_start + eval_every))
-            node.load_state_dict(state)
-        history, bits = ckpt["history"], np.asarray(ckpt["bits"], dtype=np.int64)
-        train_cpu = float(ckpt.get("train_cpu_s", 0.0))
-    else:
-        recorder.take_clean_stop()  # a fresh start: a stop record of an earlier run means nothing
-        for node in nodes:
-            node.setup()
-        train_cpu = 0.0  # CPU seconds spent in the iterations (not in set-up or evaluation)
-
-    status, error = RUNNING, None
     debug = bool(cfg.run.get("debug_metrics", False))
     released = release_fields(debug, private=all(node_is_private(n) for n in nodes))
     if debug and released.get("uncharged_statistics_released"):
         print(f"flower-dp: WARNING: {released['release_warning']}", file=sys.stderr)
+    segments = SegmentPlan(n_nodes=len(nodes), num_iters=K, iters_per_segment=int(cfg.run["eval_every"]),
+                           num_iters_requested=int(cfg.run["num_iters"]),
+                           replay_plan=plan if all(hasattr(n, "plan") for n in nodes) else None)
 
-    def write(status_now: str) -> None:
-        if out_path is None:
-            return
-        recorder.write({
-            "name": cfg.run["name"],
-            "status": status_now,
-            "error": error,
-            "config": cfg.to_dict(),
-            "seed": cfg.run["seed"],
-            "noise": noise_record(plan.reproducible, device=info["device"]),
-            "algorithm": cfg.algorithm["name"],
-            "backend": "inprocess",
-            "num_iters_requested": int(cfg.run["num_iters"]),
-            "num_iters": K,
-            "info": info,
-            "history": history,
-            **released,
-            "privacy": _privacy_section(plan, nodes, info["device"]),
-            "bits_sent_per_node": bits.tolist(),
-            "wall_time_s": time.perf_counter() - t0,
-            "train_cpu_s": train_cpu,
-            "versions": rio.versions(),
-        }, history)
+    def evaluate(rnd: int, avg: torch.Tensor) -> dict[str, float]:
+        acc, loss = evaluate_params(eval_model, avg.to(info["device"]), x_test, y_test)
+        row = {"acc_avg": acc, "test_loss_avg": loss}
+        if cfg.run.get("eval_nodes"):
+            accs = [evaluate_params(eval_model, nd.eval_params(), x_test, y_test)[0] for nd in nodes]
+            row["acc_nodes_mean"] = float(np.mean(accs))
+        return row
+
+    def header(prog: RunProgress) -> RunHeader:
+        return RunHeader(name=cfg.run["name"], backend="inprocess", algorithm=cfg.algorithm["name"],
+                         config=cfg.to_dict(), seed=cfg.run["seed"],
+                         noise=noise_record(plan.reproducible, device=info["device"]), released=released,
+                         plan_summary=plan_summary(plan, info["device"]),
+                         num_iters_requested=int(cfg.run["num_iters"]), num_iters=K, info=info,
+                         extras={"train_cpu_s": prog.train_cpu_s})
 
     show = cfg.run.get("progress", True) if progress is None else progress
-    bar = _progress(K - k_start, show, cfg.run["name"])
-    k = k_start
+    bar = _progress(K, show, cfg.run["name"])
+    tick = None if bar is None else (lambda: bar.update(1))
+    backend = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
     try:
-        while k < K:
-            k_stop = min(K, (k // eval_every + 1) * eval_every)
-            seg_metrics: dict[str, list[float]] = {}
-            c0 = time.process_time()
-            for kk in range(k, k_stop):
-                log = run_iteration(nodes, kk, receivers=topology.out_neighbors)
-                for i, b in log.bits_sent.items():
-                    bits[i] += b
-                for node in nodes:  # only what may leave the node (flower_dp.releases), unless debug_metrics
-                    for key, v in node_metrics(node, debug).items():
-                        seg_metrics.setdefault(key, []).append(float(v))
-                if bar is not None:
-                    bar.update(1)
-            k = k_stop
-            train_cpu += time.process_time() - c0
-            avg = _network_average(nodes)
-            if not bool(torch.isfinite(avg).all()):
-                raise NonFiniteError(f"the network-average model became non-finite by iteration {k - 1}", step=k - 1)
-            acc, loss = evaluate_params(eval_model, avg.to(info["device"]), x_test, y_test)
-            row: dict[str, Any] = {"k": k, "acc_avg": acc, "test_loss_avg": loss, "bits_total": int(bits.sum())}
-            if cfg.run.get("eval_nodes"):
-                accs = [evaluate_params(eval_model, nd.eval_params(), x_test, y_test)[0] for nd in nodes]
-                row["acc_nodes_mean"] = float(np.mean(accs))
-            for key, vals in seg_metrics.items():
-                row[key] = float(np.nanmean(vals)) if vals else float("nan")
-            history.append(row)
-            if recorder.checkpoint:
-                recorder.save_checkpoint({"k": k, "nodes": [n.state_dict() for n in nodes], "history": history,
-                                          "bits": bits.tolist(), "train_cpu_s": train_cpu})
-            if k < K and recorder.checkpoint and stop_requested():
-                recorder.mark_clean_stop(k)  # after the checkpoint: nothing runs after k
-                status = STOPPED
-                break
-            write(RUNNING)
-        else:
-            status = completed_status(K, int(cfg.run["num_iters"]))
-    except NonFiniteError as exc:
-        status, error = FAILED, str(exc)
-        write(status)
-        raise
+        prog = run_segments(backend, segments, recorder=recorder, header=header, evaluate=evaluate, resume=resume,
+                            stop_file=lambda: stop_requested(), debug_metrics=debug, upgrade=_upgrade_checkpoint,
+                            progress=RunProgress(len(nodes), started=t0))
     finally:
         if bar is not None:
             bar.close()
-    write(status)
-    final_acc = history[-1]["acc_avg"] if history else float("nan")
     return RunResult(
-        status=status,
-        history=history,
-        privacy=_privacy_section(plan, nodes, info["device"]),
-        final_accuracy=final_acc,
-        out_dir=out_path,
+        status=prog.status,
+        history=prog.history,
+        privacy={"per_node": [dict(r, node=i) for i, r in backend.privacy_reports().items()],
+                 "plan": plan_summary(plan, info["device"])},
+        final_accuracy=prog.history[-1]["acc_avg"] if prog.history else float("nan"),
+        out_dir=recorder.out_dir,
         wall_time_s=time.perf_counter() - t0,
         nodes=list(nodes),
     )
