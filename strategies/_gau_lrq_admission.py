@@ -210,5 +210,5 @@ class RoundAdmission:
 
     def _flower_event(self, k: int):
         """Flower's event of round k: B of N, noise z_k S2 on the sum, replace-one (multiplier z_k / 2)."""
-        return fp.gaussian_event(float(self.schedule.z[k]), sample_size=self.B, population_size=self.N,
+        return fp.gaussian_event(float(self.schedule.noise_multiplier[k]), sample_size=self.B, population_size=self.N,
                                  adjacency="replace_one")

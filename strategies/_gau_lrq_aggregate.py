@@ -154,7 +154,7 @@ class RoundAggregation:
         """The round's entry of ``results()["rounds"]``: public counts, sizes and the privacy spent."""
         bits = public_bits(p["spec"], d)
         return {"round": server_round, "k": p["k"], "method": self.method, "sigma": p["spec"].sigma,
-                "z": None if self.schedule is None else float(self.schedule.z[p["k"]]), "sampled": len(p["sampled"]),
+                "z": None if self.schedule is None else float(self.schedule.noise_multiplier[p["k"]]), "sampled": len(p["sampled"]),
                 "received": got["received"], "dropped": dropped, "failed": len(failed), "d": d,
                 **({"failed_nodes": failed} if self.debug_metrics else {}),
                 "bytes_payload": got["bytes_payload"], "bytes_carried": got["bytes_carried"],

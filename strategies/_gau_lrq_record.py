@@ -50,7 +50,7 @@ class RunRecord:
         return {"method": self.method, "N": self.N, "B": self.B, "K": self.K, "clip": self.clip,
                 "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau, "calibration": self.calibration,
                 "noise_multiplier": self._fixed_noise_multiplier, "server_lr": self.server_lr, "bq_bits": self.bq_bits,
-                "layer_dtype": self.layer_dtype, "z": None if self.schedule is None else self.schedule.z.tolist()}
+                "layer_dtype": self.layer_dtype, "z": None if self.schedule is None else self.schedule.noise_multiplier.tolist()}
 
     def _secret_check(self) -> str:
         """A one-way tag of the run key: tells a resume with another secret apart (not the secret; checkpoint only)."""
@@ -128,7 +128,7 @@ class RunRecord:
                                  "under add/remove, both orders (flower_dp.privacy.gau_lrq)",
                    "note": "client-level guarantee (a client's whole data replaced); record-level only when clients "
                            "hold disjoint data",
-                   "z": sch.z.tolist(), **{f"{k}_plan": v for k, v in self._eps_fields(sch.eps_rigorous).items()},
+                   "z": sch.noise_multiplier.tolist(), **{f"{k}_plan": v for k, v in self._eps_fields(sch.eps_rigorous).items()},
                    "eps_paper_plan": sch.eps_paper, "warnings": list(sch.warnings),
                    **({"privacy_note": self.heuristic_note} if self.heuristic_note is not None else {})},
                "rounds": self.rounds, "stop_reason": self.stop_reason}

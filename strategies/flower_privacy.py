@@ -71,7 +71,7 @@ except ImportError:  # an older Flower: no accounting API
 
 
 __all__ = ["FLOWER_PRIVACY_API", "BudgetExhausted", "PrivacySpent", "event_noise_multiplier", "gaussian_event",
-           "check_accountant", "check_budget", "compose", "spent", "ADJACENCIES"]
+           "check_accountant", "check_budget", "compose", "spent", "spent_over_nodes", "ADJACENCIES"]
 
 ADJACENCIES = ("replace_one", "add_remove")
 
@@ -168,3 +168,12 @@ def _require_api() -> None:
 
         raise ValueError(f"Flower's privacy-accounting API (flwr.serverapp.PrivacyAccountant) needs flwr >= 1.41, "
                          f"got flwr {flwr.__version__}; upgrade flwr or drop accountant=")
+
+
+def spent_over_nodes(per_node: list[dict]) -> PrivacySpent | None:
+    """A ``PrivacySpent`` of the largest eps over the nodes' privacy reports
+    (:func:`flower_dp.privacy.reports.largest_node_spend`); None when no node is private or none reported."""
+    from flower_dp.privacy.reports import largest_node_spend
+
+    found = largest_node_spend(per_node)
+    return None if found is None else spent(*found)

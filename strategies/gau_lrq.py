@@ -292,7 +292,7 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         """
         if self.schedule is None or d <= 0:
             return None
-        z = float(np.min(self.schedule.z))
+        z = float(np.min(self.schedule.noise_multiplier))
         noise_norm = z * self.clip * math.sqrt(d) / self.B
         out = {"noise_norm": noise_norm, "clip": self.clip, "ratio": noise_norm / self.clip, "d": int(d), "B": self.B,
                "z": z}
@@ -310,11 +310,11 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
     def noise_multiplier(self) -> np.ndarray | None:
         """The noise multiplier of every round, z_k (std of the noise on the sum over S2), shape (K,); None for
         "none" or before the rounds are planned (the argument ``noise_multiplier``, when given, is every z_k)."""
-        return None if self.schedule is None else self.schedule.z
+        return None if self.schedule is None else self.schedule.noise_multiplier
 
     def sigma(self, k: int) -> float:
         """Per-client per-coordinate std of round k: ``z_k S2 / sqrt(B)`` (0 for "none")."""
-        return 0.0 if self.schedule is None else float(self.schedule.z[k] * self.clip / math.sqrt(self.B))
+        return 0.0 if self.schedule is None else float(self.schedule.noise_multiplier[k] * self.clip / math.sqrt(self.B))
 
     def round_spec(self, k: int) -> RoundSpec:
         return RoundSpec(self.method, k, self.sigma(k), self.clip, self.bq_bits, self.layer_dtype)
@@ -324,7 +324,7 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
             self.N, self.B, self.K, self.clip)
         if self.schedule is not None:
             log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (%s plan %.4g, paper %.4g)",
-                self.schedule.z[0], self.schedule.z[-1], self.epsilon,
+                self.schedule.noise_multiplier[0], self.schedule.noise_multiplier[-1], self.epsilon,
                 "heuristic (no DP proof)" if self.heuristic_note is not None else "rigorous", self.schedule.eps_rigorous,
                 self.schedule.eps_paper)
         if self.accountant is not None:

@@ -334,19 +334,9 @@ class PushSumStrategy(Strategy):
         """The privacy spent so far, as Flower's DP strategies and :meth:`GauLRQ.privacy_spent` answer it (a
         ``PrivacySpent``): the largest ``eps_rigorous`` over the nodes at their delta (the DPPS family: the
         heuristic composition, labelled so); None for a non-private run or before the first segment."""
-        from .flower_privacy import spent
+        from .flower_privacy import spent_over_nodes
 
-        if not self.privacy:
-            return None
-        rep = max(self.privacy, key=lambda r: float(r.get("eps_rigorous") or r.get("eps_heuristic") or 0.0))
-        heuristic = rep.get("eps_rigorous") is None
-        eps = float(rep["eps_heuristic"] if heuristic else rep["eps_rigorous"])
-        if eps == float("inf"):
-            return None
-        how = ("heuristic: composed Laplace releases of an estimated sensitivity, no DP proof" if heuristic else
-               f"flower-dp: {rep.get('accountant', 'auto')} accountant, {rep.get('adjacency', '')} record-level, "
-               f"largest over the nodes")
-        return spent(eps, float(rep["delta"]), int(rep.get("steps_charged", 0)), how)
+        return spent_over_nodes(self.privacy)
 
     def _eps_metrics(self) -> dict[str, float]:
         """The privacy spent so far: the largest ``eps_rigorous`` / ``eps_paper`` (/ ``eps_heuristic``) over nodes."""

@@ -307,14 +307,14 @@ def test_gau_lrq_schedule_matches_the_independent_bracket(case):
 
     eps, K, B, N, tau = GAU_LRQ_CASES[case]
     if case.endswith("-shape"):
-        z0 = gau_lrq_schedule(epsilon=eps, delta=1e-5, num_rounds=K, B=B, N=N).z[0]
+        z0 = gau_lrq_schedule(epsilon=eps, delta=1e-5, num_rounds=K, B=B, N=N).noise_multiplier[0]
         z = z0 * tau ** ((np.arange(K) - (K - 1) / 2) / 4)
         reported = client_level_epsilon(z, 1e-5, B=B, N=N)
         assert len(set(z.tolist())) == K
     else:
         sched = gau_lrq_schedule(epsilon=eps, delta=1e-5, num_rounds=K, B=B, N=N, tau=tau)
         assert sched.eps_rigorous <= eps * 1.001
-        z, reported = sched.z, sched.eps_rigorous
+        z, reported = sched.noise_multiplier, sched.eps_rigorous
     steps = client_level_steps(z, B=B, N=N)
     assert all(s.sampling == "fixed_size" and s.q == B / N for s in steps)
     check(case, reported, to_pairs(steps, "replace_one"), 1e-5)

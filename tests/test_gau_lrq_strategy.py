@@ -331,7 +331,7 @@ def test_noise_multiplier_is_the_per_round_schedule_and_a_fixed_one_is_every_rou
     sigma(k) = z_k S2 / sqrt(B); None for method="none"."""
     calibrated = _strategy()
     assert calibrated.noise_multiplier.shape == (4,)
-    np.testing.assert_array_equal(calibrated.noise_multiplier, calibrated.schedule.z)
+    np.testing.assert_array_equal(calibrated.noise_multiplier, calibrated.schedule.noise_multiplier)
     assert calibrated.sigma(2) == pytest.approx(calibrated.noise_multiplier[2] * 0.1 / math.sqrt(B), rel=1e-15)
     fixed = _strategy(noise_multiplier=1.5, epsilon=1e6)
     np.testing.assert_allclose(fixed.noise_multiplier, np.full(4, 1.5), rtol=1e-12)

@@ -21,7 +21,7 @@ from typing import Any
 
 from .. import sources
 
-__all__ = ["train_private", "PrivateRun", "spent_over_nodes", "BACKENDS"]
+__all__ = ["train_private", "PrivateRun", "BACKENDS"]
 
 #: where :func:`train_private` runs the nodes
 BACKENDS = ("inprocess", "ray")
@@ -48,17 +48,9 @@ class PrivateRun:
     def privacy_spent(self):
         """The privacy spent, as :meth:`flower_dp.PushSumStrategy.privacy_spent` answers it (a ``PrivacySpent``:
         ``epsilon``, ``delta``, ``num_releases``, ``accounting_method``); None for a non-private run."""
+        from flower_dp.strategies.flower_privacy import spent_over_nodes
+
         return spent_over_nodes(self.privacy.get("per_node", []))
-
-
-def spent_over_nodes(per_node: list[dict[str, Any]]):
-    """A ``PrivacySpent`` of the largest eps over the nodes' privacy reports
-    (:func:`flower_dp.privacy.reports.largest_node_spend`); None when no node is private or none reported."""
-    from flower_dp.privacy.reports import largest_node_spend
-    from flower_dp.strategies.flower_privacy import spent
-
-    found = largest_node_spend(per_node)
-    return None if found is None else spent(*found)
 
 
 def _digest(model_fn: Callable[[], Any], train: tuple[Any, Any], test: tuple[Any, Any], seed: int) -> str:

@@ -74,11 +74,6 @@ class Schedule:
     eps_paper: float
     warnings: tuple[str, ...] = ()
 
-    @property
-    def z(self) -> np.ndarray:
-        """Alias of :attr:`noise_multiplier` kept while callers move to the one name."""
-        return self.noise_multiplier
-
     def eps_after(self, rounds: int, delta: float) -> float:
         """Rigorous eps after the first ``rounds`` rounds."""
         return client_level_epsilon(self.noise_multiplier[:rounds], delta, B=self.B, N=self.N)
