@@ -145,7 +145,7 @@ def build_parts(config: Any, *, plan: Plan | None = None, test: bool = True) -> 
 
     Parameters
     ----------
-    config : ExperimentConfig or its ``to_dict()``
+    config : an ExperimentConfig's ``to_dict()`` (or the config itself)
     plan : Plan, optional
         The plan the server made (a SuperNode builds its node from it; nothing is calibrated again).
         Default: plan here with :func:`flower_dp.clients.registry.prepare`.

@@ -226,7 +226,7 @@ def _trace_module():
 @pytest.mark.parametrize("key, climbs_only", [("algorithm.params.lr", False), ("algorithm.params.epsilon", True)])
 def test_the_config_walk_in_architecture_md_is_todays(key, climbs_only, tmp_path):
     """The walk of a config value from ``flower-dp run`` to the nodes that architecture.md shows is what
-    ``scripts/trace_config_value.py`` traces today (line numbers aside), and ``lr`` climbs a layer at most twice."""
+    ``scripts/trace_config_value.py`` traces today (line numbers aside), and each climbs a layer at most twice."""
     trace = _trace_module()
     steps = trace.trace(trace.DEFAULT_CONFIG, key, tmp_path / "run")
     got = trace.report(steps)
@@ -237,8 +237,7 @@ def test_the_config_walk_in_architecture_md_is_todays(key, climbs_only, tmp_path
     assert m, f"architecture.md shows no trace of {key}"
     strip = lambda s: re.sub(r":\d+", "", s).strip()  # noqa: E731
     assert strip(m.group(1)) == strip(got), f"re-run `python scripts/trace_config_value.py {key}`; today:\n{got}"
-    if key == "algorithm.params.lr":
-        assert sum(s.climb for s in steps) <= 2
+    assert sum(s.climb for s in steps) <= 2
 
 
 def test_the_readme_run_lines_are_the_ones_the_diff_tests_run():

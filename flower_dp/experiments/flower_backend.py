@@ -44,7 +44,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
         resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
     # the one node builder, as the in-process runner builds its run: the plan the SuperNodes get, the test split and
     # the evaluation model (the SuperNodes build their nodes from the same config and plan)
-    parts = build_parts(cfg)
+    parts = build_parts(cfg.to_dict())
     spec = spec_from_parts(parts)
     plan = parts.plan
     x_test, y_test = parts.test_data()

@@ -94,7 +94,7 @@ def build_experiment(cfg: ExperimentConfig):
     """
     from ..clients.builder import build_parts
 
-    parts = build_parts(cfg)
+    parts = build_parts(cfg.to_dict())
     eval_model = parts.new_model()
     device = resolve_device(str(cfg.run.get("device", "cpu")))
     nodes = [parts.build_node(i, device) for i in range(cfg.n_nodes)]
