@@ -53,12 +53,12 @@ def test_node_eval_equals_a_hand_loop_on_partpsp1():
 
 
 def test_node_eval_of_a_fully_shared_model_is_the_network_average():
-    from flower_dp.experiments.runner import _network_average, evaluate_params
+    from flower_dp.experiments.runner import InProcessBackend, evaluate_params
     from flower_dp.reproduce.node_eval import node_eval_accuracies
 
     nodes, x, y, model = _tiny_partpsp_nodes("SGPDP")
     got = node_eval_accuracies(nodes, lambda flat: evaluate_params(model, flat, x, y)[0])
-    avg = evaluate_params(model, _network_average(nodes), x, y)[0]
+    avg = evaluate_params(model, InProcessBackend(nodes, receivers=None).network_average(), x, y)[0]
     assert got == pytest.approx([avg] * len(nodes), abs=1e-6)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..core import Claim, acc_pm, cells_of, fmt, group_records, pick
 from ._common import md_table, pushsum_spec
-from .dp_csgp import COMPRESSORS, DELTA, SETTINGS
+from ._dp_csgp_settings import COMPRESSORS, DELTA, SETTINGS
 
 __all__ = ["T_DIAG", "LR_FACTOR", "DIAG_EPS", "DIAG_COMPRESSORS", "verdict"]
 
