@@ -204,7 +204,7 @@ def _with_noise_mode(spec: RunSpec, reproducible: bool) -> RunSpec:
 
 
 def noise_label(meta: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    """The report's line on where the privacy noise came from (issue 12: seeded noise is labelled)."""
+    """The report's line on where the privacy noise came from (seeded noise is labelled so)."""
     modes = {str(r.get("noise_mode") or "reproducible") for r in records} or {str(meta.get("noise", "reproducible"))}
     if modes == {"secret"}:
         return ("Noise: **secret** - privacy noise and private sampling were drawn from per-node secrets (OS "

@@ -1,4 +1,4 @@
-"""Dyn-D2P Table 2 diagnostics (issue 15): why our accuracies differ from the paper's at eps = 0.3.
+"""Dyn-D2P Table 2 diagnostics: why our accuracies differ from the paper's at eps = 0.3.
 
 Table 2 at the paper's setting puts Const-D2P far above the paper (0.72 vs 45.37 %) and Dyn-D2P far below it
 (0.66 vs 84.88 %).  The paper tunes Cbar (Const) and rho_c, rho_mu (Dyn) per eps and does not report the batch size;

@@ -1,4 +1,4 @@
-"""PartPSP Fig. 2 diagnostic (issue 15): why the estimated sensitivity falls below the real one in a few rounds.
+"""PartPSP Fig. 2 diagnostic: why the estimated sensitivity falls below the real one in a few rounds.
 
 At paper scale every Fig. 2 run of ``table2`` has 1-8 of its 120 rounds with est < real (min est/real 0.887), where
 the paper's Fig. 2 stays above.  Two causes are possible: our implementation (e.g. the sync not leaving every node in

@@ -179,7 +179,7 @@ def differences(table: str, scale: str) -> list[str]:
         f"Constant lr = {s['lr']} for every K (the paper does not report its step size); n = {s['n']} nodes with "
         f"J = {s['J']} samples each (the paper's MNIST setting has n = 50, J = 1200).",
         "eq. (11) is the paper's calibration (c2 is not a DP constant): the rigorous eps column shows what it really gives.",
-        "Accounting (issue 12): the code draws one of J // b fixed blocks per step, so PrivSGP and PrivSGP-VR are charged "
+        "Accounting: the code draws one of J // b fixed blocks per step, so PrivSGP and PrivSGP-VR are charged "
         "as fixed-size sampling under replace-one. PrivSGP-VR's released h - T[blk] + avg moves by up to 4G/b when the "
         "target's block is drawn (PrivSGP's block mean by 2G/b) and its table average by 2G/J at every step, charged as "
         "well. At equal (eps, delta) PrivSGP-VR therefore carries far more noise than the baselines (fig10 at ci: std "

@@ -1,4 +1,4 @@
-"""PrivSGP-VR Fig. 9 diagnostic (issue 15): why VR does not beat no VR at equal noise at the paper's setting.
+"""PrivSGP-VR Fig. 9 diagnostic: why VR does not beat no VR at equal noise at the paper's setting.
 
 At paper scale PrivSGP-VR and PrivSGP tie at sigma^2 = 0.01 (0.742 vs 0.748).  Two causes are possible: our
 variance reduction does not work ("implementation"), or the regime leaves VR nothing to remove ("setting"): with
