@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=float, default=None, help="delta (default 1e-5, or the paper's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--confidence", type=float, default=0.95)
-    p.add_argument("--noise-multiplier", "--nu", dest="noise_multiplier", type=float, default=None, help="noise multiplier: std / sensitivity (default: the mechanism's, 1 or 1.5)")
+    p.add_argument("--noise-multiplier", dest="noise_multiplier", type=float, default=None, help="noise multiplier: std / sensitivity (default: the mechanism's, 1 or 1.5)")
     p.add_argument("--q", type=float, default=None, help="Poisson sampling rate (default 1)")
     p.add_argument("--steps", type=int, default=None,
                    help="gaussian, privsgp_blocks: noisy steps per trial (default 1)")

@@ -298,7 +298,7 @@ def test_privsgp_blocks_audit_is_sound(seed):
 
 def test_cli_privsgp_blocks(capsys):
     args = _parser().parse_args(["audit", "--mechanism", "privsgp_blocks", "--trials", "200000", "--blocks", "2",
-                                 "--block", "4", "--nu", "1.5"])
+                                 "--block", "4", "--noise-multiplier", "1.5"])
     assert args.func(args) == 0
     text = capsys.readouterr().out
     assert "eps claimed" in text and "old accounting" in text and "CLAIM REFUTED" in text

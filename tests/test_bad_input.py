@@ -208,7 +208,7 @@ def test_unwritable_results_dir(tmp_path):
 def test_cli_reports_bad_values_with_exit_code_2(capsys):
     from flower_dp.cli import main
 
-    assert main(["accountant", "--sigma", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
+    assert main(["accountant", "--noise-multiplier", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
     assert "q must be in (0, 1], got 2.0" in capsys.readouterr().err
     assert main(["run", "no_such_config"]) == 2
     assert "unknown built-in config 'no_such_config'" in capsys.readouterr().err

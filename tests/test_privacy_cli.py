@@ -23,8 +23,8 @@ def test_the_readme_shows_the_accountant_output_as_it_is(capsys):
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "$ flower-dp accountant --sigma 1 --q 0.01 --steps 1000 --delta 1e-5\n" in readme
-    assert main(["accountant", "--sigma", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"]) == 0
+    assert "$ flower-dp accountant --noise-multiplier 1 --q 0.01 --steps 1000 --delta 1e-5\n" in readme
+    assert main(["accountant", "--noise-multiplier", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"]) == 0
     for line in capsys.readouterr().out.splitlines():
         assert line in readme.splitlines(), line
 
@@ -42,7 +42,7 @@ def test_accountant_calibrates_noise(capsys):
 def test_accountant_errors_name_the_problem(capsys):
     assert main(["accountant", "--q", "0.01", "--steps", "10", "--delta", "1e-5"]) == 2
     assert "exactly one of --noise-multiplier" in capsys.readouterr().err
-    assert main(["accountant", "--sigma", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
+    assert main(["accountant", "--noise-multiplier", "1", "--q", "2", "--steps", "10", "--delta", "1e-5"]) == 2
     assert "q must be in (0, 1], got 2.0" in capsys.readouterr().err
 
 

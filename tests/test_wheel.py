@@ -172,7 +172,7 @@ def test_installed_wheel_runs_the_cli(venv, user_cwd):
     assert script.is_file(), f"no {script}: the wheel declares no flower-dp console script ([project.scripts])"
     out = _run([str(script), "--version"], "flower-dp --version", cwd=user_cwd, env=_env())
     assert out.stdout.strip() == f"flower-dp {flower_dp.__version__}"
-    out = _run([str(script), "accountant", "--sigma", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"],
+    out = _run([str(script), "accountant", "--noise-multiplier", "1", "--q", "0.01", "--steps", "1000", "--delta", "1e-5"],
                "flower-dp accountant", cwd=user_cwd, env=_env())
     assert re.search(r"^reported .*eps = \d", out.stdout, re.M), out.stdout
 

@@ -209,11 +209,6 @@ class DynD2PSchedule:
     sensitivity_factor: int = 1
 
     @property
-    def nu(self) -> np.ndarray:
-        """Alias of :attr:`noise_multiplier` kept while callers move to the one name."""
-        return self.noise_multiplier
-
-    @property
     def adjacency(self) -> str:
         """Neighbouring relation the accountant uses (f = 1: add/remove, f = 2: replace-one)."""
         return "add_remove" if self.sensitivity_factor == 1 else "replace_one"

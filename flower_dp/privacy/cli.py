@@ -67,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "flower-dp accountant --noise-multiplier 0.51624 --batch 80 --population 1920 --steps 30 --delta 1e-5 "
                     "--sampling fixed_size --adjacency replace_one",
     )
-    p.add_argument("--noise-multiplier", "--sigma", dest="noise_multiplier", type=float,
+    p.add_argument("--noise-multiplier", dest="noise_multiplier", type=float,
                    help="noise multiplier (noise std / per-record clip bound); --sigma is its older spelling")
     p.add_argument("--epsilon", type=float, help="target eps: print the noise multiplier that meets it")
     p.add_argument("--sampling", choices=["poisson", "fixed_size"], default="poisson",

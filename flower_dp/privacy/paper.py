@@ -21,7 +21,6 @@ __all__ = [
     "paper_sigma_gau_lrq",
     "paper_eps_gau_lrq",
     "gau_lrq_dynamic_noise_multipliers",
-    "gau_lrq_dynamic_z",
     "gau_lrq_dynamic_sigmas",
     "gau_lrq_dynamic_round_epsilons",
     "dpps_round_epsilon",
@@ -110,9 +109,6 @@ def gau_lrq_dynamic_noise_multipliers(epsilon: float, delta: float, *, num_round
     G = float(np.sum(tau ** (-np.arange(K) / 2)))
     return np.sqrt(Cp * G * tau ** (np.arange(K) / 2))
 
-
-#: the name callers used before the one name per quantity (removed once they have moved)
-gau_lrq_dynamic_z = gau_lrq_dynamic_noise_multipliers
 
 
 def dpps_round_epsilon(b: float, gamma_n: float) -> float:

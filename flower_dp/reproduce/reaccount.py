@@ -50,7 +50,7 @@ def _gau_lrq_z(rec: dict[str, Any], cfg: dict[str, Any]) -> np.ndarray | None:
     tau = float(cfg.get("tau") or METHODS[cfg["method"]][1])
     if tau == 1.0 or z0 == z1:
         return np.full(rounds, z0)
-    shape = paper.gau_lrq_dynamic_z(float(cfg["epsilon"]), float(cfg["delta"]), num_rounds=int(cfg["num_rounds"]),
+    shape = paper.gau_lrq_dynamic_noise_multipliers(float(cfg["epsilon"]), float(cfg["delta"]), num_rounds=int(cfg["num_rounds"]),
                                     B=int(cfg["clients_per_round"]), N=int(cfg["num_clients"]), tau=tau)
     z = z0 * shape / shape[0]
     if not math.isclose(float(z[rounds - 1]), z1, rel_tol=1e-6):

@@ -127,7 +127,7 @@ def _schedule_plot(out: Path, table: str, scale: str) -> str | None:
                                    rho_c=2.0, rho_mu=2.0, **CLIP[table])
         except Exception:  # pragma: no cover - plotting must not fail the report
             continue
-        std = sch.nu * sch.clip
+        std = sch.noise_multiplier * sch.clip
         axes[0].plot(std, label=_label(v))
         axes[1].plot(sch.clip, label=_label(v))
     style(axes[0], xlabel="iteration k", ylabel="sigma_k", title=f"noise std on the sum sigma_k (eps {eps:g}, rigorous)")
