@@ -230,7 +230,10 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
         same = False
     if same and doc.get("status") in _DONE:
         doc["_reused"] = True
-        return doc
+        return _with_node_eval(doc, run_dir)
+    from .node_eval import NODE_EVAL_NAME
+
+    (run_dir / NODE_EVAL_NAME).unlink(missing_ok=True)  # made again when this run finishes
     if backend == "flower":
         if spec.node_eval:
             raise ValueError(f"run {spec.run_id!r} asks for node_eval, which the inprocess backend alone computes; "
@@ -254,12 +257,20 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
         if spec.node_eval and result.status in _DONE:
             from .node_eval import node_eval_record
 
-            doc = rio.read_json(run_dir / "results.json") or {}
-            doc["extra_record"] = {**doc.get("extra_record", {}), **node_eval_record(cfg, result.nodes)}
-            rio.write_json(run_dir / "results.json", doc)
+            rio.write_json(run_dir / NODE_EVAL_NAME, node_eval_record(cfg, result.nodes))
     doc = rio.read_json(run_dir / "results.json")
     if doc is None:
         raise RuntimeError(f"run {spec.run_id!r} wrote no results.json in {str(run_dir)!r}")
+    return _with_node_eval(doc, run_dir)
+
+
+def _with_node_eval(doc: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The results document with the run's per-node evaluation (``node_eval.json``, if any) in its ``extra_record``."""
+    from .node_eval import NODE_EVAL_NAME
+
+    found = rio.read_json(run_dir / NODE_EVAL_NAME)
+    if found:
+        doc["extra_record"] = {**doc.get("extra_record", {}), **found}
     return doc
 
 

@@ -4,8 +4,8 @@ accuracy per node, and their mean.
 
 The runner evaluates one model, the network average of every coordinate (heads included); a run whose
 :class:`~flower_dp.reproduce.core.RunSpec` sets ``node_eval`` gets this evaluation too, once, on its final nodes,
-stored in its ``results.json`` under ``extra_record`` (``acc_node_eval``, ``acc_node_eval_per_node``), which every
-record then carries.  A node without a local part (a fully shared algorithm) is evaluated on the network average.
+stored beside its ``results.json`` in ``node_eval.json`` (``acc_node_eval``, ``acc_node_eval_per_node``), which
+the run's record then carries.  A node without a local part (a fully shared algorithm) is evaluated on the network average.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["shared_average", "node_eval_accuracies", "node_eval_record"]
+__all__ = ["NODE_EVAL_NAME", "shared_average", "node_eval_accuracies", "node_eval_record"]
+
+#: the file, in a run's folder, that holds its per-node evaluation
+NODE_EVAL_NAME = "node_eval.json"
 
 
 def shared_average(nodes: list[Any]) -> torch.Tensor:
