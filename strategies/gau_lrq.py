@@ -55,7 +55,7 @@ HEURISTIC_METHODS = {"bq": BQ_PRIVACY_NOTE}
 #: The note of an LRQ run with ``layer_dtype="float32"``: its layer centres and heights come from 24-bit uniforms
 #: (numpy's float32 ``random``), so the layer half-width ``sigma sqrt(-2 ln y)`` stops at 5.77 sigma and takes coarse
 #: values near there: the decoded error is not the exact Gaussian the accountant charges (as torch's float32 normal
-#: sampler, README "Privacy accounting"), so its eps is ``eps_heuristic``.
+#: sampler, docs/privacy.md "The Gaussian samplers"), so its eps is ``eps_heuristic``.
 FLOAT32_LAYER_NOTE = ("heuristic, not proven: layer_dtype='float32' draws the LRQ layers from 24-bit uniforms, so the "
                       "decoded error is cut near 5.77 sigma and is not exactly Gaussian; use layer_dtype='float64' "
                       "(the default) for a proven eps")

@@ -255,7 +255,7 @@ def sampler_label(records: list[dict[str, Any]]) -> str | None:
     return (f"**Privacy caveat: {len(cut)} of the {sum(map(private, records))} private runs drew their Gaussian noise with torch's float32 "
             "sampler** (before commit 4575d7e), whose draws stop at 5.77 std and whose tail is coarse beyond ~4.4 "
             "std: their eps is the eps of an ideal Gaussian at the run's noise levels, not a proven bound for the "
-            "noise drawn (an uncharged delta; README, \"Privacy accounting\"), so it is reported as `eps_heuristic`, "
+            "noise drawn (an uncharged delta; docs/privacy.md, \"The Gaussian samplers\"), so it is reported as `eps_heuristic`, "
             "not `eps_rigorous`. Re-running them with the float64 sampler (the same command: a sweep does not reuse "
             "such a record) makes it proven; the accuracies do not depend on it.")
 
