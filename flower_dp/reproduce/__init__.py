@@ -354,7 +354,10 @@ def stale_records(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]])
 
 
 def missing_runs(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
-    """The run ids the table builds today (at the stored scale and seeds) that have no record, in build order."""
+    """The run ids the table builds today (at the stored scale and seeds) that have no record, in build order
+    (none when a record has no ``run_id``: then which runs it stands for is unknown)."""
+    if any("run_id" not in r for r in records):
+        return []
     try:
         specs = build_specs(p, meta["scale"], meta["table"], int(meta.get("seeds", 1)))
     except (ValueError, ConfigError):

@@ -122,7 +122,7 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
     ("initialisation", "same idea",
      "fused_run.py:22 (--pretrained defaults to True) and models/bottleMLP.py:89-91: one saved initialisation for "
      "every node",
-     ("clients/builder.py", 87, 'seed=int(self.config["run"]["seed"])'),
+     ("clients/builder.py", 109, 'seed=int(self.config["run"]["seed"])'),
      "one seeded initialisation shared by every node (another draw)"),
 )
 
