@@ -246,6 +246,10 @@ def test_clip_scale_verdict_counts_a_drop_as_a_move():
     assert "Dyn-D2P: clip bounds x7 0.717 -> 0.645 (-0.072)" in shown
     assert "Const-D2P: the smaller model" in ruled_out  # gaps 0.125 vs 0.096: 0.029 <= 0.03
     assert "Dyn-D2P minus Const-D2P at eps 0.3" in text and "the paper's +39.5" in text
+    assert "No eps 0.3 cell comes within 0.03 of the paper's" in text and "stays open" in text
+    near = dict(_CLIP_ACC, **{"clipscale-dyn-eps0.3-paper-paper-s0": 0.84})
+    assert "Within 0.03 of the paper's eps 0.3 accuracy: Dyn-D2P 0.840 (shallow_cnn, paper bounds" in verdict(
+        _records("dyn-d2p", "clip-scale", near), "full")
     flat = dict(_CLIP_ACC, **{"clipscale-dyn-eps0.3-paper-scaled-s0": 0.717 - MOVES / 2})
     assert "Dyn-D2P: clip bounds x7" in verdict(_records("dyn-d2p", "clip-scale", flat), "full").split("ruled out")[1]
     assert verdict([], "full").startswith("Verdict: open")
