@@ -9,6 +9,9 @@ set -u
 REPO=$PWD
 OUT=${OUT:?set OUT to the folder the tarballs go to}
 LIMIT=${LIMIT:-480}
+# STOP_MARGIN s before the limit each sweep gets `touch DIR/STOP`: its runs end at their segment's end, checkpointed,
+# and nothing is charged twice on resume; `timeout` (which kills mid-segment) is only the backstop
+STOP_MARGIN=${STOP_MARGIN:-150}
 SMOKE=${SMOKE:-0}
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 PYTHONUNBUFFERED=1 CI=1
@@ -53,8 +56,10 @@ for entry in "${SWEEPS[@]}"; do
   if [ "$SMOKE" = 1 ]; then scale=smoke; dir=/tmp/device-sweep-smoke/$name; jobs=1; fi
   mkdir -p "$dir"
   # shellcheck disable=SC2086
-  ( timeout "$LIMIT" python3 -m flower_dp.cli reproduce "$paper" --table "$table" --scale "$scale" --jobs "$jobs" \
-      --out "$dir" --no-estimate $extra >"$OUT/$name.log" 2>&1; echo "$?" >"$OUT/$name.rc" ) &
+  ( ( sleep $(( LIMIT > STOP_MARGIN ? LIMIT - STOP_MARGIN : 1 )); touch "$dir/STOP" ) & watchdog=$!
+    timeout "$LIMIT" python3 -m flower_dp.cli reproduce "$paper" --table "$table" --scale "$scale" --jobs "$jobs" \
+      --out "$dir" --no-estimate $extra >"$OUT/$name.log" 2>&1; echo "$?" >"$OUT/$name.rc"
+    kill "$watchdog" 2>/dev/null ) &
   pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p"; done
@@ -63,7 +68,7 @@ for entry in "${SWEEPS[@]}"; do
   IFS='|' read -r name jobs paper table scale dir extra <<<"$entry"
   if [ "$SMOKE" = 1 ]; then dir=/tmp/device-sweep-smoke/$name; fi
   # the records and reports; checkpoints are left behind (each run's results.json says how far it got)
-  tar -czf "$OUT/$name.tgz" --exclude='checkpoint*' --exclude='*.pt' --exclude='.estimate-probe' "$dir" 2>/dev/null
+  tar -czf "$OUT/$name.tgz" --exclude='checkpoint*' --exclude='*.pt' --exclude='.estimate-probe' --exclude=STOP "$dir" 2>/dev/null
   n_done=$(grep -l '"status": "\(finished\|stopped_by_budget\)' "$dir"/runs/*/results.json \
     "$dir"/runs/*/reproduce_doc.json 2>/dev/null | wc -l)
   n_runs=$(ls -d "$dir"/runs/*/ 2>/dev/null | wc -l)

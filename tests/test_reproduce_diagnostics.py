@@ -221,3 +221,73 @@ def test_gradnorm_runner_records_keep_their_norms(tmp_path):
     assert [h["k"] for h in rec["history"]] == [0, 2, 4]
     assert all(h["grad_norm_sample_median"] > 0 and h["grad_norm_batch_mean"] > 0 for h in rec["history"])
     assert run_gradnorm(spec, tmp_path / "g", "inprocess").get("_reused")
+
+
+# ------------------------------------------------------------------------------------------ computed verdicts
+
+def _records(paper: str, table: str, acc: dict[str, float], scale: str = "full", **extra):
+    """One record per run of the table whose id is in ``acc``, with that final accuracy (and ``extra`` fields)."""
+    return [{"run_id": s.run_id, "seed": 0, "labels": dict(s.labels), "final_acc": acc[s.run_id], **extra}
+            for s in _specs(paper, table, scale) if s.run_id in acc]
+
+
+_CLIP_ACC = {"clipscale-nonprivate-s0": 0.817, "clipscale-lenet-nonprivate-s0": 0.755,
+             "clipscale-const-eps0.3-paper-scaled-s0": 0.692, "clipscale-dyn-eps0.3-paper-scaled-s0": 0.645,
+             "clipscale-const-eps0.3-paper-paper-s0": 0.661, "clipscale-dyn-eps0.3-paper-paper-s0": 0.717,
+             "clipscale-lenet-const-eps0.3-paper-scaled-s0": 0.659, "clipscale-lenet-dyn-eps0.3-paper-scaled-s0": 0.725}
+
+
+def test_clip_scale_verdict_counts_a_drop_as_a_move():
+    """Scaling the bounds that costs Dyn-D2P 0.072 is shown, not ruled out; a change within MOVES is ruled out."""
+    from flower_dp.reproduce.papers.dyn_d2p.clip_scale import MOVES, verdict
+
+    text = verdict(_records("dyn-d2p", "clip-scale", _CLIP_ACC), "full")
+    shown, ruled_out = text.split("ruled out")
+    assert "Dyn-D2P: clip bounds x7 0.717 -> 0.645 (-0.072)" in shown
+    assert "Const-D2P: the smaller model" in ruled_out  # gaps 0.125 vs 0.096: 0.029 <= 0.03
+    assert "Dyn-D2P minus Const-D2P at eps 0.3" in text and "the paper's +39.5" in text
+    assert "No eps 0.3 cell comes within 0.03 of the paper's" in text and "stays open" in text
+    near = dict(_CLIP_ACC, **{"clipscale-dyn-eps0.3-paper-paper-s0": 0.84})
+    assert "Within 0.03 of the paper's eps 0.3 accuracy: Dyn-D2P 0.840 (shallow_cnn, paper bounds" in verdict(
+        _records("dyn-d2p", "clip-scale", near), "full")
+    flat = dict(_CLIP_ACC, **{"clipscale-dyn-eps0.3-paper-scaled-s0": 0.717 - MOVES / 2})
+    assert "Dyn-D2P: clip bounds x7" in verdict(_records("dyn-d2p", "clip-scale", flat), "full").split("ruled out")[1]
+    assert verdict([], "full").startswith("Verdict: open")
+
+
+def test_pattern_verdict_names_what_the_inputs_explain():
+    from flower_dp.reproduce.papers.partpsp.aligned import verdict_pattern
+
+    ids = [s.run_id for s in _specs("partpsp", "pattern-diag")]
+    acc = {i: (0.80 if "partpsp_2" in i.lower() or "partpsp-2" in i.lower() else 0.09) for i in ids}
+    unit = [i for i in ids if "unit" in i]
+    acc.update({i: acc[i] - 0.05 for i in unit})
+    text = verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
+    assert "explains at most 9%" in text and "stay open" in text
+    assert "near chance at every length" in text
+    acc.update({i: 0.5 for i in ids if "sgpdp" in i.lower() and "unit" in i})
+    assert "not near chance" in verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
+
+
+def test_a_report_names_the_runs_without_a_record(tmp_path):
+    """A cut sweep's report lists each run of the table that has no record, and the index counts them."""
+    import json
+    from pathlib import Path
+
+    from flower_dp.reproduce import missing_runs, rerender
+    from flower_dp.reproduce.cli import write_index
+
+    doc = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" / "partpsp-pattern-diag-paper"
+                      / "records.json").read_text())
+    ids = [r["run_id"] for r in doc["records"]]
+    assert missing_runs(get_paper("partpsp"), doc["meta"], doc["records"]) == []
+    dropped = [s.run_id for s in _specs("partpsp", "pattern-diag") if s.run_id in ids][1:3]
+    doc["records"] = [r for r in doc["records"] if r["run_id"] not in dropped]
+    assert missing_runs(get_paper("partpsp"), doc["meta"], doc["records"]) == dropped
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "records.json").write_text(json.dumps(doc))
+    rerender(tmp_path / "t", log=lambda m: None)
+    report = (tmp_path / "t" / "report.md").read_text()
+    assert f"**Incomplete: 2 of the {len(ids)} runs of this table have no record** ({', '.join(dropped)})" in report
+    index = write_index(tmp_path).read_text()
+    assert f"| {len(ids) - 2} (2 not run) |" in index

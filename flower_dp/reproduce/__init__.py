@@ -353,6 +353,19 @@ def stale_records(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]])
             if r.get("config_sha") and r.get("run_id") in want and r["config_sha"] != want[r["run_id"]]]
 
 
+def missing_runs(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]]) -> list[str]:
+    """The run ids the table builds today (at the stored scale and seeds) that have no record, in build order
+    (none when a record has no ``run_id``: then which runs it stands for is unknown)."""
+    if any("run_id" not in r for r in records):
+        return []
+    try:
+        specs = build_specs(p, meta["scale"], meta["table"], int(meta.get("seeds", 1)))
+    except (ValueError, ConfigError):
+        return []
+    have = {r.get("run_id") for r in records}
+    return [s.run_id for s in specs if s.run_id not in have]
+
+
 def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_path: Path, wall: float,
             log) -> Reproduction:
     """Claims, tables, plots, summary.csv, claims.json and report.md of finished records."""
@@ -423,6 +436,11 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         *([caveat, ""] if (caveat := sampler_label(records)) else []),
         *([where, ""] if (where := device_label(records)) else []),
     ]
+    missing = missing_runs(p, meta, records)
+    if missing:
+        lines += [f"**Incomplete: {len(missing)} of the {len(missing) + len(records)} runs of this table have no "
+                  f"record** ({', '.join(missing)}): their cells are left out of every table and claim below, not "
+                  "filled; the command above runs them (finished runs are reused).", ""]
     stale = stale_records(p, meta, records)
     if stale:
         lines += [f"**Stale records: {len(stale)} of the {len(records)} runs were made from another config than this "

@@ -33,7 +33,16 @@ def write_index(out: Path) -> Path:
         n_disc = sum(1 for c in claims if c.get("discriminates"))
         wall, cpu = meta.get("compute_time_s", 0.0) / 60, meta.get("cpu_time_s", 0.0) / 60  # summed by reproduce()
         rel = f"{folder.name}/report.md"
-        lines.append(f"| {meta['paper']} | {meta['table']} | {meta['scale']} | {len(records)} | {n_ok}/{n_chk} | {flat} | "
+        n_runs = str(len(records))
+        try:
+            from . import get_paper, missing_runs
+
+            missing = missing_runs(get_paper(meta["paper"]), meta, records)
+        except (KeyError, ValueError):
+            missing = []
+        if missing:
+            n_runs += f" ({len(missing)} not run)"
+        lines.append(f"| {meta['paper']} | {meta['table']} | {meta['scale']} | {n_runs} | {n_ok}/{n_chk} | {flat} | "
                      f"{n_disc}/{len(claims)} | "
                      f"{wall:.1f} | {cpu:.1f} | [{rel}]({rel}) | `{meta['command']}` |")
     lines += ["", "Wall and CPU time are sums over the runs (each run's own timer; CPU time of the driver process).",

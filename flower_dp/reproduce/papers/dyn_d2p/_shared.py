@@ -71,7 +71,11 @@ def _differences_tables(table: str, scale: str) -> list[str]:
                    "--scale paper` (docs/results/dyn-d2p-table2-diag-paper): clip-only twins (the variants' clipping "
                    "without noise) split the gap into what clipping and what the noise cost; slices of the paper's "
                    "tuning grids, 10x the step size and 4x the batch say which hyper-parameter moves it. Its "
-                   "'ordering' line answers this table's eps 0.3 claim (Dyn-D2P > Const-D2P) setting by setting.")
+                   "'ordering' line answers this table's eps 0.3 claim (Dyn-D2P > Const-D2P) setting by setting. "
+                   "`--table clip-scale` (docs/results/dyn-d2p-clip-scale-paper) measures the per-sample gradient "
+                   "norms and runs the eps 0.3 and 3 cells with the clip bounds scaled to them, clip-only twins at "
+                   "those bounds and a smaller CNN; its verdict line names what moves the eps 0.3 accuracy, or says "
+                   "open with what it rules out.")
     if s["dataset"].startswith("synthetic"):
         out.append(f"Dataset: {s['dataset']} is a labelled synthetic stand-in (CIFAR-10 is not available offline).")
     elif s["dataset"] == "cifar10":
