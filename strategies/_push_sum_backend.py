@@ -57,6 +57,8 @@ class FlowerSegments:
     def run_segment(self, k0: int, k1: int, *, debug_metrics: bool = False, restore=None) -> Any:
         """Iterations ``k0 .. k1 - 1`` on the transport's backend, restarting dead host actors ``max_retries`` times."""
         rnd = k0 // self.s.iters_per_round + 1
+        log.info("")
+        log.info("[ROUND %d/%d]", rnd, self.s.num_rounds)  # Flower's round line, as FedAvg logs it
         if self._fresh_round != rnd and not self.s.backend.register_once:
             self._register(rnd, fresh=False)
         self._fresh_round = None

@@ -102,6 +102,7 @@ class PushSumStrategy(Strategy):
         self.spec = NodeSpec.of(spec)
         self.num_iters = check_int("num_iters", num_iters, minimum=1)
         self.iters_per_round = check_int("iters_per_round", iters_per_round, minimum=1)
+        self.num_rounds = -(-self.num_iters // self.iters_per_round)  # start(num_rounds=...) may set another
         self.transport = check_choice("transport", transport, ("ray", "relay"))
         self.evaluate_fn, self.timeout_s = evaluate_fn, check_positive("timeout_s", timeout_s)
         self.node_wait_s = check_positive("node_wait_s", node_wait_s)
@@ -249,6 +250,7 @@ class PushSumStrategy(Strategy):
         self.initial = initial_arrays if initial_arrays is not None and len(initial_arrays) else None
         self.train_config = train_config if train_config is not None else ConfigRecord()
         rounds = -(-self.num_iters // self.iters_per_round) if num_rounds is None else int(num_rounds)
+        self.num_rounds = rounds  # the R of the "[ROUND r/R]" lines
         log.info("Starting %s strategy:", type(self).__name__)
         log.info("\t├── Number of rounds: %d (%d iterations of %d, transport=%s)", rounds, self.num_iters,
                  self.iters_per_round, self.transport)
