@@ -113,8 +113,12 @@ def _relay_run(tmp_path: Path, worker: str) -> dict:
     return load_checkpoint(out)["nodes"]
 
 
-def test_relay_through_node_workers_equals_inprocess(task_identity, short_runtime_dir, tmp_path):
+def test_relay_through_node_workers_equals_inprocess(task_identity, short_runtime_dir, tmp_path, monkeypatch):
+    from flower_dp import sources
     from flower_dp.gossip import run_iteration
+
+    # own models registered by an earlier test in this process (train_private) would keep every message here
+    monkeypatch.setattr(sources, "_SOURCES", {})
 
     ref = [push_sum_node.toy_builder(i, SPEC)(i, "cpu") for i in range(N)]
     for k in range(K):
