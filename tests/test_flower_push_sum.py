@@ -188,8 +188,8 @@ def test_example_paper_configs_plan(paper, monkeypatch):
 def test_flwr_run_with_fewer_supernodes_than_nodes_fails_fast(tmp_path):
     """8 push-sum nodes on 4 simulated SuperNodes under `flwr run`: the ServerApp fails at once naming both counts
     and the fix (the count is known when Flower starts the SuperNodes), not after a timeout.  `flwr run` ended
-    25 s after its start at load 8 and 32.5 s at load 12-16 on 2 cores (2026-11-27), nearly all of it Flower starting
-    and stopping its simulation; the bound catches a timeout-long wait coming back."""
+    10.5 s after its start at load ~1 and 32.5 s at load 12-16 on 2 cores, nearly all of it Flower starting and
+    stopping its simulation; the bound catches a timeout-long wait coming back."""
     from pathlib import Path
 
     from flwr_run_helper import flwr_run
