@@ -81,7 +81,7 @@ ENV = "FLOWER_DP_NODE_WORKER"
 #: seconds a worker waits for its next message before it exits
 IDLE_ENV = "FLOWER_DP_NODE_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 900.0
-#: seconds the first message waits for a new worker to import torch and flower-dp and listen
+#: seconds the first message waits for a new worker to start and listen
 START_TIMEOUT_S = 300.0
 _LEN = struct.Struct("<Q")
 
@@ -257,19 +257,86 @@ def use_worker(setting: str | None = None) -> bool:
     return Path(sys.argv[0] if sys.argv else "").name == "flwr-clientapp"
 
 
+# ---------------------------------------------------------------- registering on Ray without torch
+
+class WireNodeFactory:
+    """``factory(node_id, device)`` of a built-in node builder, made from a ``register`` message as it came (typed
+    spec bytes, Flower's ``train_config`` and ``initial_arrays``): the node is decoded and built on its host actor
+    (:func:`flower_dp.clients.push_sum_node.build_from_wire`), so this module, and the ClientApp, stay torch-free."""
+
+    __slots__ = ("spec", "train_config", "initial")
+
+    def __init__(self, spec: bytes, train_config: dict[str, Any] | None, initial: dict[str, np.ndarray] | None):
+        self.spec, self.train_config, self.initial = bytes(spec), train_config, initial
+
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self.spec, self.train_config, self.initial
+
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.spec, self.train_config, self.initial = state
+
+    def __call__(self, node_id: int, device: str = "cpu") -> Any:
+        from .push_sum_node import build_from_wire
+
+        return build_from_wire(node_id, device, spec=self.spec, train_config=self.train_config, initial=self.initial)
+
+
+def is_ray_register(content: Any) -> bool:
+    """Whether a message is a Ray-transport ``register`` that names its host actors in plain values."""
+    from flower_dp.gossip.relay import MESSAGE_KEYS as K
+
+    cfg = content.config_records.get("pushsum")
+    return (cfg is not None and K["ray"] in cfg and str(cfg.get(K["action"])) == "register"
+            and str(cfg.get(K["transport"])) == "ray")
+
+
+def register_on_ray(content: Any, context: Any) -> Any:
+    """Answer a Ray-transport ``register`` (:func:`is_ray_register`) for a built-in builder: join the cluster
+    the message names (deployment engine; a no-op once joined), hand the message's spec to this node's host
+    actor, reply with the partition id and the node's device.  Nothing here imports torch: a fresh ClientApp
+    (or node worker) answers in the time of ``import ray`` and joining the cluster."""
+    import json
+
+    from flwr.app import ConfigRecord, RecordDict
+
+    from flower_dp.gossip.ray_backend import ensure_ray, register_node
+    from flower_dp.gossip.relay import ARRAYS_KEY, MESSAGE_KEYS as K
+
+    cfg = content["pushsum"]
+    placement = json.loads(str(cfg[K["ray"]]))
+    if placement.get("address"):
+        ensure_ray(placement["address"])
+    arrays = content.array_records.get(ARRAYS_KEY)
+    config = content.config_records.get("config")
+    factory = WireNodeFactory(cfg[K["spec"]], dict(config) if config is not None and len(config) else None,
+                              {n: arrays[n].numpy() for n in arrays} if arrays is not None and len(arrays) else None)
+    node_id = int(context.node_config["partition-id"])
+    device = register_node(placement["name"], placement["namespace"], node_id, int(placement["n_nodes"]),
+                           int(placement["num_hosts"]), factory)
+    return RecordDict({"pushsum": ConfigRecord({"partition_id": node_id, "device": device})})
+
+
+def _handle_content(content: Any, context: Any, run_id: int, builder: Any = None) -> Any:
+    """One message's reply: a Ray ``register`` of a built-in builder without torch, everything else through the
+    node side (:func:`flower_dp.clients.push_sum_node.handle_content`)."""
+    if builder is None and is_ray_register(content):
+        return register_on_ray(content, context)
+    from .push_sum_node import handle_content
+
+    return handle_content(content, context, run_id, builder)
+
+
 # ---------------------------------------------------------------- the worker process
 
 def _handle(request: dict[str, Any]) -> dict[str, Any]:
     from flwr.app import Context
-
-    from .push_sum_node import handle_content
 
     if request.get("op") != "handle":
         raise ValueError(f"unknown node worker request {request.get('op')!r}; valid: handle")
     context = Context(run_id=int(request["run_id"]), node_id=int(request["node_id"]),
                       node_config=dict(request["node_config"]), state=plain_to_records(request["state"]),
                       run_config=dict(request["run_config"]))
-    content = handle_content(plain_to_records(request["content"]), context, int(request["run_id"]))
+    content = _handle_content(plain_to_records(request["content"]), context, int(request["run_id"]))
     return {"content": records_to_plain(content), "state": records_to_plain(context.state)}
 
 
@@ -284,9 +351,8 @@ def _alive(pid: int) -> bool:
 
 
 def serve(path: str | Path, parent_pid: int, idle_s: float = DEFAULT_IDLE_S) -> None:
-    """Answer node requests on the Unix socket ``path`` until ``parent_pid`` exits or ``idle_s`` pass idle."""
-    import flower_dp.clients.push_sum_node  # noqa: F401 - import torch and flower-dp before listening
-
+    """Answer node requests on the Unix socket ``path`` until ``parent_pid`` exits or ``idle_s`` pass idle.  The
+    node side (torch, the algorithms) loads with the first request that needs it: a Ray ``register`` does not."""
     path = Path(path)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead worker's socket (the starter holds the lock)
@@ -336,10 +402,11 @@ def serve(path: str | Path, parent_pid: int, idle_s: float = DEFAULT_IDLE_S) -> 
 # ---------------------------------------------------------------- the ClientApp
 
 def _run_here(content: Any, context: Any, run_id: int, builder: Any, own: dict[str, Any] | None = None) -> Any:
+    if not own:
+        return _handle_content(content, context, run_id, builder)
     from .push_sum_node import handle_content
 
-    if own:
-        sources.install(own)
+    sources.install(own)  # the nodes are built here, from this process's own models and data
     return handle_content(content, context, run_id, builder)
 
 

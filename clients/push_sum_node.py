@@ -437,6 +437,20 @@ def handle_message(cfg: Any, context: Any, run_id: int, builder: NodeBuilder | N
     return reply, reply_arrays
 
 
+def build_from_wire(node_id: int, device: str = "cpu", *, spec: bytes, train_config: dict[str, Any] | None = None,
+                    initial: dict[str, Any] | None = None) -> Any:
+    """Node ``node_id`` of a built-in builder (:data:`BUILDERS`) from a ``register`` message's typed spec bytes,
+    Flower's ``train_config`` and ``initial_arrays``: the same node :func:`handle_message` builds from them.  It
+    runs where the node lives (its Ray host actor), so the ClientApp that registers the node
+    (:func:`flower_dp.clients.push_sum_app.register_on_ray`) imports neither torch nor the algorithms."""
+    _register_wire_types()
+    decoded = keys.decode(spec)
+    if train_config:
+        decoded["train_config"] = dict(train_config)
+    node = BUILDERS[decoded.get("builder", "toy")](node_id, decoded, None)(node_id, device)
+    return node if initial is None else keys.apply_initial_arrays(node, initial)
+
+
 def handle_content(content: Any, context: Any, run_id: int, builder: NodeBuilder | None = None) -> Any:
     """:func:`handle_message` on a whole message body: ``RecordDict`` in (``"pushsum"`` ConfigRecord and the
     optional payload ``ArrayRecord``), reply ``RecordDict`` out."""

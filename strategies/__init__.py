@@ -6,12 +6,34 @@
 
 Strategies import only the core (``flower_dp`` minus the application modules), never
 ``flower_dp.clients``: the Gau-LRQ wire format and codec both sides share live in
-:mod:`flower_dp.mechanisms.gau_lrq_codec`.
+:mod:`flower_dp.mechanisms.gau_lrq_codec`.  Each name loads on first use, so a ServerApp that runs push-sum
+does not import Gau-LRQ's codec (and torch with it) to start.
 """
 
-from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
+from __future__ import annotations
 
-from .gau_lrq import GauLRQ
-from .push_sum import PushSumStrategy
+import importlib
+from typing import Any
+
+#: public name -> module that defines it
+_WHERE = {
+    "GauLRQ": ".gau_lrq",
+    "PushSumStrategy": ".push_sum",
+    "Schedule": "flower_dp.privacy.gau_lrq",
+    "gau_lrq_schedule": "flower_dp.privacy.gau_lrq",
+    "client_level_epsilon": "flower_dp.privacy.gau_lrq",
+}
 
 __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "PushSumStrategy"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -174,6 +174,8 @@ class PushSumStrategy(Strategy):
         ray = self.ray_placement if self.transport == "ray" else None
         cfg = ConfigRecord({KEY["action"]: "register", KEY["transport"]: self.transport, "round": server_round,
                             KEY["spec"]: encode(self.spec.wire(session=self.session, ray=ray))})
+        if ray is not None:  # read without decoding the spec: the ClientApp registers without importing torch
+            cfg[KEY["ray"]] = json.dumps(ray)
         content = {"pushsum": cfg}
         if arrays is not None and len(arrays):
             content[ARRAYS_KEY] = arrays

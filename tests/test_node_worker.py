@@ -11,6 +11,7 @@ process per SuperNode.
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import shutil
 import signal
@@ -138,6 +139,65 @@ def test_relay_through_node_workers_equals_inprocess(task_identity, short_runtim
     same = _relay_run(tmp_path, "0")
     for i in range(N):
         assert torch.equal(same[i]["x"], states[i]["x"]) and same[i]["w"] == states[i]["w"]
+
+
+class DeploymentWorkerGrid(WorkerGrid):
+    """:class:`WorkerGrid` as the strategy sees Flower's deployment Grid: no simulation Ray to wait for, the nodes
+    join the cluster the run names."""
+
+    push_messages = None
+
+
+def _mapped_libraries(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_ray_register_through_node_workers_imports_no_torch(task_identity, short_runtime_dir, tmp_path, monkeypatch):
+    """The Ray transport's ``register`` on the deployment engine: each SuperNode's node worker joins the named
+    cluster and hands the message's spec to its host actor, which builds the node; the worker never loads torch
+    (its start is what delays the first iteration, 4 at once on 2 cores), and the run equals the in-process one."""
+    import ray
+
+    from flower_dp import sources
+    from flower_dp.gossip import run_iteration
+    from flower_dp.results import load_checkpoint
+    from flower_dp.strategies.push_sum import PushSumStrategy
+    from flwr_run_helper import ray_head
+
+    monkeypatch.setattr(sources, "_SOURCES", {})
+    ref = [push_sum_node.toy_builder(i, SPEC)(i, "cpu") for i in range(N)]
+    for k in range(K):
+        run_iteration(ref, k)
+    out = tmp_path / "out-ray"
+    try:
+        with ray_head() as address:
+            strat = PushSumStrategy(N, SPEC, num_iters=K, iters_per_round=R, transport="ray", out_dir=out,
+                                    timeout_s=60, backend_kwargs={"address": address, "num_hosts": 2})
+            strat.start(DeploymentWorkerGrid(node_worker.make_client_app(worker="1")))
+            logs = sorted(short_runtime_dir.glob("flower-dp-*/node-*.log"))
+            pids = [int(p) for log in logs for p in re.findall(r"node worker (\d+): listening", log.read_text())]
+            assert len(pids) == N, [log.read_text()[-2000:] for log in logs]
+            loaded = [pid for pid in pids if "libtorch" in _mapped_libraries(pid)]
+            assert not loaded, f"node workers {loaded} loaded torch to register on Ray"
+    finally:
+        ray.shutdown()
+    states = load_checkpoint(out)["nodes"]
+    for nd in ref:
+        assert torch.equal(states[nd.node_id]["x"], nd.x) and states[nd.node_id]["w"] == nd.w
+
+
+def test_wire_factory_builds_the_node_the_message_names():
+    """The factory a torch-free ``register`` hands the host actor builds the node the full path builds."""
+    from flower_dp.gossip.relay import encode
+
+    spec = {**SPEC, "_session": "s", "_ray": {"name": "x"}}
+    initial = {"x": np.arange(16, dtype=np.float32)}
+    factory = node_worker.WireNodeFactory(encode(spec), {"lr": 0.1}, initial)
+    node = pickle.loads(pickle.dumps(factory))(2, "cpu")
+    want = push_sum_node.toy_builder(2, spec)(2, "cpu")
+    push_sum_node.keys.apply_initial_arrays(want, initial)
+    assert isinstance(node, push_sum_node.ToyQuadraticNode) and node.node_id == 2
+    assert torch.equal(node.x, want.x) and torch.equal(node.x, torch.arange(16, dtype=torch.float32))
 
 
 def test_worker_error_reaches_the_client_app(short_runtime_dir):

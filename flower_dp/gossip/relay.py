@@ -45,6 +45,7 @@ MESSAGE_KEYS = {
     "payload": "pushsum.payload",  # JSON tree (to_records) of the request / reply dict; arrays in ARRAYS_KEY
     "spec": "pushsum.spec",  # bytes (encode, typed, no pickle) of the node spec (first round)
     "transport": "pushsum.transport",  # "ray" | "relay"
+    "ray": "pushsum.ray",  # JSON of where the Ray host actors live (register, transport "ray"); public
 }
 #: RecordDict key of the ArrayRecord that holds the payload's arrays
 ARRAYS_KEY = "pushsum.arrays"
