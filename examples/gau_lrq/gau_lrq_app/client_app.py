@@ -4,16 +4,10 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
-from flower_dp.clients.lrq_mod import gau_lrq_mod, make_gau_lrq_mod  # gau_lrq_mod: run config "lrq-secret-file"
+from flower_dp.clients.lrq_mod import gau_lrq_mod  # gau_lrq_mod: run config "lrq-secret-file"
 
 from .task import train  # train(msg, context): Q local SGD steps, replies with the new weights (no privacy code)
 
 app = ClientApp(mods=[gau_lrq_mod])
 app.train()(train)
 
-
-def build_app(secret_file: str) -> ClientApp:
-    """The same ClientApp with the secret file bound (for run_simulation, which has no run config)."""
-    a = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
-    a.train()(train)
-    return a
