@@ -269,6 +269,23 @@ def test_pattern_verdict_names_what_the_inputs_explain():
     assert "not near chance" in verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
 
 
+def test_pattern_verdict_weighs_the_authors_noise_scale_from_the_logged_sensitivities():
+    """The estimate / real ratio and the noise-std ratio come from the runs' history rows."""
+    from flower_dp.reproduce.papers.partpsp.aligned import verdict_pattern
+
+    ids = [s.run_id for s in _specs("partpsp", "pattern-diag")]
+    recs = _records("partpsp", "pattern-diag", {i: 0.8 if "PartPSP-2" in i else 0.09 for i in ids})
+    for r in recs:
+        big = r["labels"]["b"] == "b1"
+        r["history"] = [{"k": k, "sensitivity_real": 100.0, "sensitivity_est": 120.0 + k,
+                         "noise_std": 50.0 if big else 1.0} for k in (1, 2, 3)]
+    text = verdict_pattern(recs, "full")
+    assert "estimate / real 1.22-1.22 (median per run)" in text, text
+    assert "mean noise std differs 50x, end within 0.000" in text and "1.2x larger does not explain" in text
+    del_hist = [{k: v for k, v in r.items() if k != "history"} for r in recs]
+    assert "estimate / real" not in verdict_pattern(del_hist, "full")
+
+
 def test_a_report_names_the_runs_without_a_record(tmp_path):
     """A cut sweep's report lists each run of the table that has no record, and the index counts them."""
     import json

@@ -276,6 +276,17 @@ def verdict_pattern(records, scale: str) -> str:
         parts.append("the input scaling explains " + (
             "most" if min(shares) >= 0.5 else f"at most {max(shares):.0%}") + " of PartPSP-2's gap to the paper"
             + ("" if min(shares) >= 0.5 else " (PartPSP-2's paper numbers stay open)"))
+    ratios = [r for g in groups if g["algorithm"] == "PartPSP-2" for r in _estimate_over_real(g)]
+    if ratios:
+        two = [g for g in groups if g["algorithm"] == "PartPSP-2" and g["scaling"] == "standard"]
+        noise = sorted(_mean_noise_std(g) for g in two)
+        accs = [g["final_acc"] for g in two]
+        parts.append(f"the authors' code scales the noise by the sensitivity estimate (optimizer/PartialGP.py:258-260), "
+                     f"which these runs log beside the real sensitivity they use: estimate / real "
+                     f"{min(ratios):.2f}-{max(ratios):.2f} (median per run), while PartPSP-2's b = 1 and b = 3 runs, "
+                     f"whose mean noise std differs {noise[-1] / noise[0]:.0f}x, end within "
+                     f"{max(accs) - min(accs):.3f} of each other: a noise scale {max(ratios):.1f}x larger does not "
+                     "explain PartPSP-2's paper numbers either")
     std = pick(groups, algorithm="SGPDP", b="b3", scaling="standard", length="table2")
     unit = pick(groups, algorithm="SGPDP", b="b3", scaling="unit", length="table2")
     one = pick(groups, algorithm="SGPDP", length="one epoch")
@@ -291,6 +302,26 @@ def verdict_pattern(records, scale: str) -> str:
         return "Verdict: open (the runs that decide it have not finished)."
     return ("Verdict, from these runs: " + "; ".join(parts)
             + (f". Per-node and network-average evaluation differ by at most {fmt(spread)}." if spread == spread else "."))
+
+
+def _estimate_over_real(group: dict[str, Any]) -> list[float]:
+    """Per run of ``group``: the median over its logged rounds of the sensitivity estimate over the real one."""
+    import statistics
+
+    out = []
+    for rec in group.get("records", []):
+        r = [h["sensitivity_est"] / h["sensitivity_real"] for h in rec.get("history", [])
+             if h.get("sensitivity_real") and "sensitivity_est" in h]
+        if r:
+            out.append(statistics.median(r))
+    return out
+
+
+def _mean_noise_std(group: dict[str, Any]) -> float:
+    """The noise std per coordinate of ``group``'s runs, averaged over their logged rounds."""
+    vals = [float(h["noise_std"]) for rec in group.get("records", []) for h in rec.get("history", [])
+            if "noise_std" in h]
+    return sum(vals) / len(vals) if vals else float("nan")
 
 
 def _render_pattern(records, scale: str, out: Path):
