@@ -28,8 +28,13 @@ __all__ = ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "Pu
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _WHERE:  # a submodule (``flower_dp.strategies.push_sum``), as after an eager import
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise  # the submodule exists; something it imports is missing
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(importlib.import_module(_WHERE[name], __name__), name)
     globals()[name] = value
     return value
