@@ -133,6 +133,10 @@ def test_a_fresh_clone_reuses_committed_records_and_reruns_only_what_changed(tmp
     assert [r["final_acc"] for r in again] == [r["final_acc"] for r in first]
     assert [r["cpu_time_s"] for r in again] == [r["cpu_time_s"] for r in first]
     assert not list((tmp_path / "runs").glob("*/results.json"))  # nothing was run
+    # an unfinished local run of the same config (a cut sweep's leftover) does not beat the finished record
+    (tmp_path / "runs" / specs[0].run_id / "results.json").write_text(json.dumps({"status": "running"}))
+    left = run_sweep(paper, specs, tmp_path, log=lambda m: None)
+    assert all(r["reused"] for r in left) and [r["final_acc"] for r in left] == [r["final_acc"] for r in first]
     # a changed config is not the committed record's run: it runs again (and so does a record without a sha)
     changed = dataclasses.replace(specs[0], config={**specs[0].config,
                                                     "run": {**specs[0].config["run"], "num_iters": 9}})

@@ -230,14 +230,16 @@ def _drew_float32(rec: dict[str, Any], spec: Any) -> bool:
 
 
 def _committed_record(spec: Any, run_dir: Path, committed: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """The committed record to reuse for ``spec``: only when the run folder holds no results of its own (those
-    win: they may be newer), the record was made from exactly this config (``config_sha``) and its noise is
-    proven (not :func:`_float32_record`)."""
+    """The committed record to reuse for ``spec``: made from exactly this config (``config_sha``), its noise
+    proven (not :func:`_float32_record`), and the run folder holds no finished run of its own (a finished one wins:
+    it may be newer; an unfinished one, with or without a checkpoint, does not: the committed run is complete)."""
     rec = _same_config_record(spec, committed)
     if rec is None or _drew_float32(rec, spec):
         return None
-    if (run_dir / "results.json").is_file() or (run_dir / "reproduce_doc.json").is_file():
-        return None
+    for name in ("results.json", "reproduce_doc.json"):
+        doc = rio.read_json(run_dir / name)
+        if doc and doc.get("status") in _DONE:
+            return None
     return rec
 
 
