@@ -134,12 +134,15 @@ def test_dp_csgp_smoke_end_to_end_and_resume(tmp_path, monkeypatch):
     assert [r["final_acc"] for r in rep2.records] == [r["final_acc"] for r in rep.records]
     monkeypatch.undo()
 
-    # interrupted sweep: one run never finished -> only it runs again, with the same numbers
+    # interrupted sweep: one run never finished (no record of it) -> only it runs again, with the same numbers
     victim = rep.records[1]["run_id"]
     res = out / "runs" / victim / "results.json"
     d = json.loads(res.read_text())
     d["status"] = "running"
     res.write_text(json.dumps(d))
+    recs = json.loads((out / "records.json").read_text())
+    recs["records"] = [r for r in recs["records"] if r["run_id"] != victim]
+    (out / "records.json").write_text(json.dumps(recs))
     rep3 = reproduce("dp-csgp", scale="smoke", out=out, seeds=1, reproducible=True)
     reused = {r["run_id"]: r["reused"] for r in rep3.records}
     assert reused[victim] is False and sum(reused.values()) == 2

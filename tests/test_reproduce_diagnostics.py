@@ -286,6 +286,26 @@ def test_pattern_verdict_weighs_the_authors_noise_scale_from_the_logged_sensitiv
     assert "estimate / real" not in verdict_pattern(del_hist, "full")
 
 
+def test_table3_verdict_weighs_the_noise_against_the_noise_free_run():
+    """Gau-LRQ Table III: the z ratio across N (ours and the paper's) and whether the private cells sit within
+    T3_NOISE_LIMITED of the noise-free control decide the verdict."""
+    from flower_dp.reproduce.papers.gau_lrq import T3_CONTROL, verdict_table3
+
+    ids = [s.run_id for s in _specs("gau-lrq", "table3")]
+    z = {960: 2.8, 1920: 2.0, 3840: 1.6, 5760: 1.4}
+    recs = _records("gau-lrq", "table3", {i: 0.78 for i in ids})
+    for r in recs:
+        r["z_first"] = z.get(r["labels"]["N"], float("nan")) if r["labels"]["algorithm"] != T3_CONTROL else 0.0
+    ctrl = next(r for r in recs if r["labels"]["algorithm"] == T3_CONTROL)
+    ctrl["final_acc"] = 0.80
+    text = verdict_table3(recs)
+    assert "noise multiplier 2.800 -> 1.400 (2.0x), the paper's closed form 1.414 -> 0.236 (6.0x)" in text, text
+    assert "within 0.020 of it" in text and "not noise-limited" in text and "87.1 -> 97.5 %" in text
+    ctrl["final_acc"] = 0.90
+    assert "up to 0.120 above the private cells" in verdict_table3(recs)
+    assert verdict_table3([r for r in recs if r["labels"]["N"] == 960]).startswith("Verdict: open")
+
+
 def test_a_report_names_the_runs_without_a_record(tmp_path):
     """A cut sweep's report lists each run of the table that has no record, and the index counts them."""
     import json
