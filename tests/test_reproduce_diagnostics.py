@@ -303,6 +303,8 @@ def test_table3_verdict_weighs_the_noise_against_the_noise_free_run():
     assert "within 0.020 of it" in text and "not noise-limited" in text and "87.1 -> 97.5 %" in text
     ctrl["final_acc"] = 0.90
     assert "up to 0.120 above the private cells" in verdict_table3(recs)
+    ctrl["final_acc"] = 0.77
+    assert "every private cell is at or above it (by 0.010 at least)" in verdict_table3(recs)
     assert verdict_table3([r for r in recs if r["labels"]["N"] == 960]).startswith("Verdict: open")
 
 
