@@ -102,7 +102,7 @@ def test_pattern_diag_pairs_differ_in_one_factor():
         lab = s.labels
         by.setdefault((lab["algorithm"], lab["b"], lab["length"]), {})[lab["scaling"]] = s
     pairs = [v for v in by.values() if len(v) == 2]
-    assert len(pairs) == 3  # PartPSP-2 at b1, b3; SGPDP at b3
+    assert len(pairs) == 4  # PartPSP-2 at b1, b3; SGPDP at b3; PartPSP-1 at Table 3's b5 on 2-Out
     for pair in pairs:
         a, b = pair["standard"].config, pair["unit"].config
         assert "scaling" not in a["data"] and b["data"]["scaling"] == "unit"
@@ -267,6 +267,18 @@ def test_pattern_verdict_names_what_the_inputs_explain():
     assert "near chance at every length" in text
     acc.update({i: 0.5 for i in ids if "sgpdp" in i.lower() and "unit" in i})
     assert "not near chance" in verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
+
+
+def test_pattern_verdict_sets_partpsp1s_table3_sensitivity_beside_the_authors_log():
+    from flower_dp.reproduce.papers.partpsp.aligned import verdict_pattern
+
+    ids = [s.run_id for s in _specs("partpsp", "pattern-diag")]
+    recs = _records("partpsp", "pattern-diag", {i: 0.7 if "unit" in i else 0.6 for i in ids})
+    for r in recs:
+        r["history"] = [{"k": 1, "sensitivity_real": 20.0 if r["labels"]["scaling"] == "unit" else 80.0}]
+    text = verdict_pattern(recs, "full")
+    assert ("PartPSP-1 at Table 3's b = 5 on 2-Out: [0, 1] inputs +0.100 (0.600 -> 0.700) with mean real "
+            "sensitivity 80.0 -> 20.0 (the authors' released log: 18.4 at 88.50 % on MNIST)") in text, text
 
 
 def test_pattern_verdict_weighs_the_authors_noise_scale_from_the_logged_sensitivities():

@@ -10,7 +10,9 @@ accuracy of the same runs is reported beside it.  The committed ``table2`` is un
 ``pattern-diag``: single-factor runs at Table 2's own setting (no alignment) on 4-Out.  PartPSP-2 with standardised
 vs [0, 1] inputs at b = 1 and 3 (its residual network carries the raw image past the noisy shared layers; [0, 1]
 inputs make the image small beside the noisy tanh branch), and SGPDP likewise at b = 3, plus SGPDP for one epoch
-(the authors' matched setting, where their code collapses too).  Every run is also evaluated per node.
+(the authors' matched setting, where their code collapses too); and PartPSP-1 at Table 3's b = 5 on 2-Out with both
+input scalings, beside the real sensitivity of the authors' released log for that setting.  Every run is also
+evaluated per node.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ PAPER_4OUT = {"PartPSP-1": {"b1": 40.63, "b2": 46.25, "b3": 63.51, "NoDP": 89.71
 STAND_IN = "Dataset: Fashion-MNIST stands in for MNIST (not available offline), as in every PartPSP table here."
 #: a controlled factor "moves" the accuracy when it changes it by more than this (accuracy in [0, 1])
 MOVES = 0.05
+#: Table 3's budget and graph, where the authors' released log gives PartPSP-1's real sensitivity (spec 6.3)
+T3_B, T3_TOPO = 5.0, "2-Out"
+#: the authors' released Table 3 log, PartPSP-1 Real on 2-Out: mean real sensitivity (node 0) and accuracy (%)
+AUTHORS_T3_PARTPSP1 = {"sensitivity_real": 18.4, "accuracy": 88.50}
 
 
 def _decay(rounds: int) -> tuple[int, ...]:
@@ -112,6 +118,9 @@ def _build_pattern(scale: str, seeds: list[int]):
         one_epoch = max(1, SETTINGS[scale]["rounds"] // 12)
         specs.append(aligned_spec(scale, seed, "SGPDP", 3.0, topo, figure="pattern", rounds=one_epoch,
                                   extra_labels={"length": "one epoch"}))
+        for scaling in ("standard", "unit"):  # PartPSP-1 at Table 3's b and graph: do the inputs set its noise?
+            specs.append(aligned_spec(scale, seed, "PartPSP-1", T3_B, T3_TOPO, figure="pattern", scaling=scaling,
+                                      extra_labels={"length": "table2"}))
     return specs
 
 
@@ -287,6 +296,15 @@ def verdict_pattern(records, scale: str) -> str:
                      f"whose mean noise std differs {noise[-1] / noise[0]:.0f}x, end within "
                      f"{max(accs) - min(accs):.3f} of each other: a noise scale {max(ratios):.1f}x larger does not "
                      "explain PartPSP-2's paper numbers either")
+    p1 = {sc: pick(groups, algorithm="PartPSP-1", b=f"b{T3_B:g}", topology=T3_TOPO, scaling=sc)
+          for sc in ("standard", "unit")}
+    if all(p1.values()):
+        s_std, s_unit = (_mean_history(p1[sc], "sensitivity_real") for sc in ("standard", "unit"))
+        parts.append(f"PartPSP-1 at Table 3's b = {T3_B:g} on {T3_TOPO}: [0, 1] inputs "
+                     f"{p1['unit']['final_acc'] - p1['standard']['final_acc']:+.3f} ({fmt(p1['standard']['final_acc'])} "
+                     f"-> {fmt(p1['unit']['final_acc'])}) with mean real sensitivity {s_std:.1f} -> {s_unit:.1f} "
+                     f"(the authors' released log: {AUTHORS_T3_PARTPSP1['sensitivity_real']:g} at "
+                     f"{AUTHORS_T3_PARTPSP1['accuracy']:.2f} % on MNIST)")
     std = pick(groups, algorithm="SGPDP", b="b3", scaling="standard", length="table2")
     unit = pick(groups, algorithm="SGPDP", b="b3", scaling="unit", length="table2")
     one = pick(groups, algorithm="SGPDP", length="one epoch")
@@ -317,23 +335,30 @@ def _estimate_over_real(group: dict[str, Any]) -> list[float]:
     return out
 
 
+def _mean_history(group: dict[str, Any], key: str) -> float:
+    """``key`` of ``group``'s runs' history rows, averaged over their logged rounds."""
+    vals = [float(h[key]) for rec in group.get("records", []) for h in rec.get("history", []) if key in h]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
 def _mean_noise_std(group: dict[str, Any]) -> float:
     """The noise std per coordinate of ``group``'s runs, averaged over their logged rounds."""
-    vals = [float(h["noise_std"]) for rec in group.get("records", []) for h in rec.get("history", [])
-            if "noise_std" in h]
-    return sum(vals) / len(vals) if vals else float("nan")
+    return _mean_history(group, "noise_std")
 
 
 def _render_pattern(records, scale: str, out: Path):
     groups = group_records(records)
     rows = []
     for g in sorted(groups, key=lambda g: (g["algorithm"], g["b"], g.get("length", ""), g["scaling"])):
-        rows.append([g["algorithm"], g["b"], g.get("length", "-"), g["scaling"], _acc(g, "final_acc"),
-                     _acc(g, "acc_node_eval"), fmt(PAPER_4OUT[g["algorithm"]].get(g["b"]))])
+        on_t2 = g["topology"] == PATTERN_TOPO[scale]
+        rows.append([g["algorithm"], g["b"], g["topology"], g.get("length", "-"), g["scaling"], _acc(g, "final_acc"),
+                     _acc(g, "acc_node_eval"), fmt(_mean_history(g, "sensitivity_real")),
+                     fmt(PAPER_4OUT[g["algorithm"]].get(g["b"])) if on_t2 else "-"])
     lines = [verdict_pattern(records, scale), "",
-             f"Single-factor runs at Table 2's setting on {PATTERN_TOPO[scale]} (no other alignment).", ""]
-    lines += md_table(["algorithm", "b", "length", "inputs", "network-average accuracy", "per-node accuracy",
-                       "paper 4-Out (%)"], rows)
+             f"Single-factor runs at Table 2's setting on {PATTERN_TOPO[scale]}, and PartPSP-1 at Table 3's b = "
+             f"{T3_B:g} on {T3_TOPO} (no other alignment).", ""]
+    lines += md_table(["algorithm", "b", "graph", "length", "inputs", "network-average accuracy", "per-node accuracy",
+                       "mean real sensitivity", "paper 4-Out (%)"], rows)
     return lines, []
 
 
