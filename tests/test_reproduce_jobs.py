@@ -61,6 +61,7 @@ def test_estimate_measures_one_segment_and_scales_by_work(tmp_path):
     assert not (tmp_path / "runs" / ".estimate-probe").exists()
     run_sweep(paper, specs, tmp_path, log=lambda m: None)
     assert estimate_cpu_hours(paper, specs, tmp_path, log=lines.append) == 0.0
+    assert lines[-1].startswith("estimate: 0 CPU hours: all 3 runs are finished")
 
 
 def test_estimate_only_returns_without_running(tmp_path):

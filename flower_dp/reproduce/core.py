@@ -443,6 +443,10 @@ def estimate_cpu_hours(paper: Paper, specs: list[RunSpec], out: Path, *, log: Ca
 
     committed = committed_records(out)
     todo = [s for s in specs if not _finished(s, out / "runs" / s.run_id, committed)]
+    if not todo:
+        log(f"estimate: 0 CPU hours: all {len(specs)} runs are finished (their records in {out / 'records.json'} or "
+            f"their run folders are reused)")
+        return 0.0
     pushsum = [s for s in todo if s.kind == "pushsum"]
     if not pushsum:
         est = [s for s in todo if s.kind in paper.estimators]
