@@ -263,7 +263,8 @@ def test_pattern_verdict_names_what_the_inputs_explain():
     unit = [i for i in ids if "unit" in i]
     acc.update({i: acc[i] - 0.05 for i in unit})
     text = verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
-    assert "explains at most 9%" in text and "stay open" in text
+    assert "explains at most 9%" in text and "(not the cause)" in text
+    assert "70.6 vs 67.7 % at b = 5, 2-Out, 68.6 vs 34.1 % at b = 3, 4-Out" in text and "is MNIST's" in text
     assert "near chance at every length" in text
     acc.update({i: 0.5 for i in ids if "sgpdp" in i.lower() and "unit" in i})
     assert "not near chance" in verdict_pattern(_records("partpsp", "pattern-diag", acc), "full")
