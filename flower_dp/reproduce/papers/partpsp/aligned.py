@@ -293,7 +293,7 @@ def verdict_pattern(records, scale: str) -> str:
     ratios = [r for g in groups if g["algorithm"] == "PartPSP-2" for r in _estimate_over_real(g)]
     if ratios:
         two = [g for g in groups if g["algorithm"] == "PartPSP-2" and g["scaling"] == "standard"]
-        noise = sorted(_mean_noise_std(g) for g in two)
+        noise = sorted(_mean_history(g, "noise_std") for g in two)
         accs = [g["final_acc"] for g in two]
         parts.append(f"the authors' code scales the noise by the sensitivity estimate (optimizer/PartialGP.py:258-260), "
                      f"which these runs log beside the real sensitivity they use: estimate / real "
@@ -349,11 +349,6 @@ def _mean_history(group: dict[str, Any], key: str) -> float:
     """``key`` of ``group``'s runs' history rows, averaged over their logged rounds."""
     vals = [float(h[key]) for rec in group.get("records", []) for h in rec.get("history", []) if key in h]
     return sum(vals) / len(vals) if vals else float("nan")
-
-
-def _mean_noise_std(group: dict[str, Any]) -> float:
-    """The noise std per coordinate of ``group``'s runs, averaged over their logged rounds."""
-    return _mean_history(group, "noise_std")
 
 
 def _render_pattern(records, scale: str, out: Path):
