@@ -18,7 +18,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from flwr_run_helper import _kill_group, free_port, sigterm_raises
+from flwr_run_helper import free_port, kill_group, sigterm_raises
 
 
 def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
@@ -85,4 +85,4 @@ def deployment(tmp_path: Path, n_supernodes: int, poll_s: float = 0.1):
             yield run
         finally:
             for p in reversed(procs):
-                _kill_group(p)
+                kill_group(p)

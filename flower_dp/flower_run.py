@@ -1,0 +1,252 @@
+"""Run a Flower app with ``flwr run`` on this machine: a SuperLink and a Ray head of its own, on 127.0.0.1.
+
+Flower 1.42 deprecates ``flwr.simulation.run_simulation``; its replacement is ``flwr run`` of a packaged app
+against a SuperLink started with ``--simulation``.  :func:`run_app` does that for a ServerApp and a ClientApp
+named by reference (``"package.module:attribute"``): it writes a minimal app in Flower's layout (``pyproject.toml``
+whose ``[tool.flwr.app.config]`` holds the run configuration, and one module that imports the two apps), starts a
+SuperLink on a free loopback port and a Ray head on loopback (the simulation joins it through ``RAY_ADDRESS``:
+``flwr run`` has no option for Ray's node address), runs ``flwr run --stream`` to its end and stops both.
+
+Everything it starts runs in a process group of its own and is killed afterwards, also when the caller is
+stopped with SIGTERM (:func:`sigterm_raises`): ``ray stop`` would stop every other Ray instance on the machine.
+What the ServerApp computes comes back through files it writes (e.g. an ``out-dir`` in the run configuration);
+:class:`FlwrRun` carries the output of ``flwr run`` and the SuperLink's log for error messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping, Sequence
+
+__all__ = ["FlwrRun", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
+
+ConfigValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class FlwrRun:
+    """What one ``flwr run`` left: its return code, its output (stdout + stderr, then the SuperLink log's tail) and
+    its wall seconds (the SuperLink and the Ray head already up)."""
+
+    returncode: int
+    text: str
+    wall_s: float
+
+    def tail(self, chars: int = 4000) -> str:
+        return self.text[-chars:]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL, the process group that ``proc`` leads (started with ``start_new_session=True``)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(1)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While inside, SIGTERM raises ``SystemExit`` (in the main thread), so the caller's ``finally`` stops the
+    processes it started: ``timeout`` or a CI runner stopping Python sends SIGTERM, whose default action would end
+    the interpreter at once and leave the SuperLink and its simulation running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _raise(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, _raise)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, why_it_died, wait_s: float = 90) -> None:
+    """Return once 127.0.0.1:``port`` accepts connections; fail with ``why_it_died()`` if ``proc`` exits first or
+    nothing listens after ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if proc.poll() is not None:
+            raise RuntimeError(why_it_died())
+        time.sleep(0.5)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {wait_s:.0f} s:\n{why_it_died()}")
+
+
+@contextmanager
+def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterator[str]:
+    """Yield the address ``127.0.0.1:PORT`` of a Ray head of its own (no dashboard, loopback), stopped (its process
+    group killed) on exit.  ``env``: the environment of the head and so of every Ray worker it starts."""
+    bin_dir = Path(sys.executable).parent
+    port = free_port()
+    env = dict(os.environ if env is None else env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    env.pop("RAY_ADDRESS", None)
+    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    head = subprocess.Popen(
+        [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
+         "--include-dashboard=false", f"--num-cpus={num_cpus}", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    with sigterm_raises():
+        try:
+            _wait_for_port(port, head, lambda: f"`ray start --head` exited with {head.returncode}")
+            yield f"127.0.0.1:{port}"
+        finally:
+            kill_group(head)
+            shutil.rmtree(ray_temp, ignore_errors=True)
+
+
+def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, run_config: str = "",
+             timeout_s: float | None = 600, runtime_install: bool = False, pythonpath: Sequence[str | Path] = (),
+             env: Mapping[str, str] | None = None, num_cpus: int = 2) -> FlwrRun:
+    """``flwr run APP --stream`` against a SuperLink (``--simulation``) and a Ray head of its own; both stopped after.
+
+    ``work_dir`` receives ``flwr_home/`` (Flower's home: the connection, the installed FAB, the SuperLink log).
+    ``federation_config``: e.g. ``"num-supernodes=8"``; ``run_config``: ``--run-config`` overrides (may be empty).
+    ``runtime_install=False`` sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (the app runs on this
+    environment); ``True`` leaves Flower's default (``uv sync`` of the app's dependencies per run).  ``pythonpath``:
+    folders the ServerApp, the ClientApps and the Ray workers import from, besides the app.  A ``flwr run`` that
+    runs past ``timeout_s`` (``None``: no bound) is stopped and raises :class:`TimeoutError` with its output so far."""
+    bin_dir = Path(sys.executable).parent
+    home = Path(work_dir) / "flwr_home"
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()  # flwr 1.41+: one HTTP port for the Control, Runtime and Fleet APIs
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "local-run"\n\n[superlink.local-run]\naddress = "127.0.0.1:{port}"\ninsecure = true\n')
+    env = dict(os.environ if env is None else env, FLWR_HOME=str(home),
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+               PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")  # Ray keeps the node on 127.0.0.1 (flower_dp._ray_local)
+    if runtime_install:
+        env.pop("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(p).resolve()) for p in pythonpath]
+                                            + [p for p in [env.get("PYTHONPATH", "")] if p])
+    link_log = home / "superlink.log"
+
+    def link_tail() -> str:
+        return link_log.read_text(errors="replace")[-3000:] if link_log.is_file() else ""
+
+    with ray_head(env, num_cpus=num_cpus) as ray_address:
+        env["RAY_ADDRESS"] = ray_address
+        with open(link_log, "w") as log:
+            link = subprocess.Popen(
+                [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
+                 "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with sigterm_raises():
+            try:
+                _wait_for_port(port, link, lambda: f"flower-superlink exited:\n{link_tail()}")
+                cmd = [str(bin_dir / "flwr"), "run", str(app), "local-run", "--stream", "--federation-config",
+                       federation_config]
+                if run_config:
+                    cmd += ["--run-config", run_config]
+                t = time.monotonic()
+                try:
+                    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
+                except subprocess.TimeoutExpired as exc:
+                    so_far = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                                     for x in (exc.stdout, exc.stderr))
+                    raise TimeoutError(f"`flwr run {app}` ran past timeout_s = {timeout_s:g} s and was stopped; its "
+                                       f"output so far:\n{so_far[-3000:]}\n--- superlink log ---\n{link_tail()}"
+                                       ) from None
+                wall = time.monotonic() - t
+                return FlwrRun(out.returncode, out.stdout + out.stderr + "\n--- superlink log ---\n" + link_tail(),
+                               wall)
+            finally:
+                kill_group(link)
+
+
+def _toml_value(key: str, value: ConfigValue) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    raise TypeError(f"run config {key!r} = {value!r}: Flower's run configuration holds bool, int, float or str; "
+                    "pass a path to a file for anything else")
+
+
+def write_app(app_dir: str | Path, server_app: str, client_app: str,
+              run_config: Mapping[str, ConfigValue] | None = None, *, name: str = "flower-dp-run") -> Path:
+    """Write a Flower app in Flower's layout to ``app_dir``: ``pyproject.toml`` (components, ``run_config`` as the
+    app's run configuration) and ``flower_dp_run_app.py``, which imports the ServerApp and the ClientApp named by
+    ``"package.module:attribute"``.  Returns ``app_dir``."""
+    refs = {"server_app": server_app, "client_app": client_app}
+    lines = ['"""The ServerApp and the ClientApp of this run (written by flower_dp.flower_run.write_app)."""', ""]
+    for alias, ref in refs.items():
+        module, _, attr = ref.partition(":")
+        if not module or not attr.isidentifier():
+            raise ValueError(f"{alias} = {ref!r}: name the app as 'package.module:attribute', e.g. "
+                             "'flower_dp.experiments.flower_backend:server_app'")
+        lines += [f"import {module} as _{alias}_module", f"{alias} = _{alias}_module.{attr}"]
+    app_dir = Path(app_dir)
+    app_dir.mkdir(parents=True, exist_ok=True)
+    (app_dir / "flower_dp_run_app.py").write_text("\n".join(lines) + "\n")
+    config = "\n".join(f"{k} = {_toml_value(k, v)}" for k, v in (run_config or {}).items())
+    (app_dir / "pyproject.toml").write_text(f"""[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{name}"
+version = "0.1.0"
+requires-python = ">=3.11"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "flower-dp"
+
+[tool.flwr.app.components]
+serverapp = "flower_dp_run_app:server_app"
+clientapp = "flower_dp_run_app:client_app"
+
+[tool.flwr.app.config]
+{config}
+""")
+    return app_dir
+
+
+def run_app(server_app: str, client_app: str, *, num_supernodes: int, work_dir: str | Path,
+            run_config: Mapping[str, ConfigValue] | None = None, timeout_s: float | None = 600,
+            pythonpath: Sequence[str | Path] = (), client_num_cpus: int = 1, client_num_gpus: float = 0.0,
+            num_cpus: int = 2) -> FlwrRun:
+    """Run a ServerApp and a ClientApp, each named ``"package.module:attribute"``, on ``num_supernodes`` simulated
+    SuperNodes with ``flwr run`` (Flower's replacement for ``run_simulation``); the app is written to
+    ``work_dir/app``.  ``pythonpath``: folders the two apps' modules are imported from when they are not installed.
+    ``num_cpus``: the CPUs of the Ray head the simulation runs on."""
+    if int(num_supernodes) < 1:
+        raise ValueError(f"num_supernodes = {num_supernodes!r}: a simulation needs at least 1 SuperNode")
+    app = write_app(Path(work_dir) / "app", server_app, client_app, run_config)
+    federation = (f"num-supernodes={int(num_supernodes)} client-resources-num-cpus={int(client_num_cpus)} "
+                  f"client-resources-num-gpus={float(client_num_gpus)}")
+    return flwr_run(app, work_dir, federation_config=federation, timeout_s=timeout_s, pythonpath=pythonpath,
+                    num_cpus=num_cpus)
