@@ -1,6 +1,6 @@
 """Engine overhead and scale: the same Dyn-D2P nodes stepped in-process, on the Ray host actors, under Flower.
 
-Engine overhead = wall time of one gossip segment under Flower on Ray (``run_simulation`` of
+Engine overhead = wall time of one gossip segment under Flower on Ray (``flwr run`` of
 :class:`flower_dp.strategies.push_sum.PushSumStrategy` with the push-sum ClientApp: one Flower
 round = one segment, its register messages to the n ClientApps, the segment on the 2 Ray host
 actors, the network average) / the same segment in-process (:func:`flower_dp.gossip.run_iterations`).
@@ -14,7 +14,7 @@ host-actor engine without Flower (``ray_backend_*``, not interleaved).
 
 Scale (:func:`run_scale`): node-iterations per second and resident memory per node against n:
 two-layer-net nodes in-process and on 2 Ray host actors (n = 8, 64, 256, 1,024), shallow-CNN
-nodes as Flower SuperNodes in ``run_simulation`` (n = 8, 32, 64); :func:`plot_scale` draws the curves.
+nodes as Flower SuperNodes under ``flwr run`` (n = 8, 32, 64); :func:`plot_scale` draws the curves.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
 
 from ._common import PeakSampler, current_rss_mb, missing
 
@@ -128,9 +132,10 @@ def _timed_strategy():
     """:class:`PushSumStrategy` that adds up where each round's time goes (``timings["<part>_s_<round>"]``, parts
     :data:`ROUND_PARTS`: the register messages to the ClientApps, the host actors' segment, the network average, the
     nodes' privacy reports (eps), the model layout)."""
+    from flower_dp.strategies._push_sum_backend import FlowerSegments
     from flower_dp.strategies.push_sum import PushSumStrategy
 
-    class Timed(PushSumStrategy):
+    class TimedSegments(FlowerSegments):
         _round = 0
 
         def _timed(self, part, fn, *a, **kw):
@@ -139,17 +144,20 @@ def _timed_strategy():
                 return fn(*a, **kw)
             finally:
                 key = f"{part}_s_{self._round}"
-                self.timings[key] = self.timings.get(key, 0.0) + time.perf_counter() - t
+                self.s.timings[key] = self.s.timings.get(key, 0.0) + time.perf_counter() - t
 
-        def _register(self, grid, rnd, k0):
+        def _register(self, rnd, **kw):
             self._round = rnd
-            return self._timed("register", super()._register, grid, rnd, k0)
+            return self._timed("register", super()._register, rnd, **kw)
 
-        def _new_backend(self, grid):
-            be = super()._new_backend(grid)
+        def _new_backend(self):
+            be = super()._new_backend()
             for name in ROUND_PARTS[1:]:
                 setattr(be, name, functools.partial(self._timed, name, getattr(be, name)))
             return be
+
+    class Timed(PushSumStrategy):
+        segments_class = TimedSegments
 
     return Timed
 
@@ -160,80 +168,139 @@ def _round_parts(timings: dict, rnd: int, total: float) -> dict:
     return parts
 
 
-def _flower_interleaved(n: int, spec: dict, J: int, iters: int, rounds: int, inprocess_nodes: list, threads: int) -> dict:
-    """Flower rounds of ``iters`` iterations, each followed by the same segment in-process.
+def _overhead_spec(n: int, J: int, batch: int, num_iters: int) -> dict:
+    """The node spec of the overhead and Flower scale runs: n shallow-CNN Dyn-D2P nodes, J samples each."""
+    from flower_dp.clients.push_sum_app import plan_spec
 
-    ``run_simulation`` of :class:`PushSumStrategy` (Ray host actors, one round = one segment);
-    round 1 warms up.  At the end of every round the server's ``evaluate_fn`` (which Flower calls
-    while the host actors wait) steps ``inprocess_nodes`` (already warmed up, k = 0..iters-1)
-    through their next segment.  So Flower rounds 2..rounds+1 and in-process segments alternate in
-    time and see the same machine load.  A Flower round is timed from the end of the in-process
-    segment before it to the end of its own segment (its register messages to the n ClientApps,
-    the segment on the host actors, the network average, the per-node reports).
-    """
-    import ray
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
+    params = {"variant": "dyn", "epsilon": 2.0, "delta": 1e-5, "batch_size": batch, "lr": 0.05}
+    return plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J, num_iters=num_iters,
+                     topology="exp")
 
+
+#: the ClientApp of the Flower runs below: the push-sum ClientApp with :func:`_shallow_cnn` and :func:`_synthetic_data`
+#: of ``samples-per-node`` samples (run configuration), made once per ClientApp process
+CLIENT = ClientApp()
+#: the ServerApp of the Flower runs below; run configuration: ``scenario`` ("interleaved": :func:`_flower_interleaved`,
+#: "cnn-point": :func:`_flower_cnn_point`), ``n``, ``samples-per-node``, ``batch``, ``iterations``, ``rounds``,
+#: ``threads``, ``root-pid`` (the process whose Ray workers are measured) and ``out-file`` (what it saw, JSON)
+SERVER = ServerApp()
+_CLIENT_APPS: dict[int, ClientApp] = {}
+
+
+@CLIENT.train()
+def _client_train(msg: Message, context: Context) -> Message:
     from flower_dp.clients.push_sum_app import make_client_app, model_builder
+
+    J = int(context.run_config["samples-per-node"])
+    if J not in _CLIENT_APPS:
+        _CLIENT_APPS[J] = make_client_app(model_builder(_shallow_cnn, functools.partial(_synthetic_data, J)))
+    return _CLIENT_APPS[J](msg, context)
+
+
+@SERVER.main()
+def _server_main(grid: Grid, context: Context) -> None:
+    import json
+
+    rc = context.run_config
+    seen = (_interleaved_rounds if rc["scenario"] == "interleaved" else _cnn_point_rounds)(grid, rc)
+    with open(str(rc["out-file"]), "w") as fh:
+        json.dump(seen, fh)
+
+
+def _run_flower(scenario: str, n: int, J: int, batch: int, iters: int, rounds: int = 1, threads: int = 1) -> dict:
+    """``flwr run`` of :data:`SERVER` and :data:`CLIENT` on n SuperNodes (:func:`flower_dp.flower_run.run_app`);
+    returns what the ServerApp saw, with ``t0`` (Unix time before the start) and ``t_end`` (after the end)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from flower_dp.flower_run import run_app
+
+    with tempfile.TemporaryDirectory(prefix="engine-bench-") as work:
+        out_file = Path(work) / "seen.json"
+        t0 = time.time()
+        run = run_app("benchmarks.engine:SERVER", "benchmarks.engine:CLIENT", num_supernodes=n, work_dir=work,
+                      pythonpath=[Path(__file__).resolve().parents[1]], timeout_s=3600,
+                      run_config={"scenario": scenario, "n": n, "samples-per-node": J, "batch": batch,
+                                  "iterations": iters, "rounds": rounds, "threads": threads, "root-pid": os.getpid(),
+                                  "out-file": str(out_file)})
+        t_end = time.time()
+        if not out_file.is_file():
+            raise RuntimeError(f"the Flower run ({scenario}, n={n}) ended without its timings; the end of its "
+                               f"output:\n{run.tail()}")
+        return {**json.loads(out_file.read_text()), "t0": t0, "t_end": t_end}
+
+
+def _interleaved_rounds(grid: Grid, rc) -> dict:
+    """The ServerApp side of :func:`_flower_interleaved`: builds and warms up the in-process nodes, then runs the
+    strategy, stepping those nodes through a segment in every ``evaluate_fn``."""
     from flower_dp.gossip import run_iterations
 
-    from . import engine as this
-
-    ray.cloudpickle.register_pickle_by_value(this)  # Flower's workers and the hosts need not import benchmarks
-    if ray.is_initialized():
-        ray.shutdown()  # run_simulation starts its own Ray
-    seen: dict = {"flower": [], "inprocess": []}
+    n, J, iters, rounds, threads = (int(rc[k]) for k in ("n", "samples-per-node", "iterations", "rounds", "threads"))
+    spec = _overhead_spec(n, J, int(rc["batch"]), (rounds + 1) * iters)
+    t_build = time.time()
+    nodes = [_spec_node(i, "cpu", spec=spec, J=J) for i in range(n)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    for nd in nodes:
+        nd.setup()
+    run_iterations(nodes, 0, iters)  # the warm-up epoch (k = 0..iters-1), as in run_overhead
+    torch.set_num_threads(before)
+    seen: dict = {"flower": [], "inprocess": [], "inprocess_build_s": time.time() - t_build}
+    state: dict = {}
 
     def evaluate(rnd, avg):
         t_end = time.perf_counter()
         if rnd >= 2:
-            seen["flower"].append(t_end - seen["resume"])
+            seen["flower"].append(t_end - state["resume"])
         else:
-            seen["end_1"] = t_end
+            seen["end_1"] = time.time()
         if rnd == 2:
-            impl = seen["strategy"].backend.call("__getattribute__", None, "_clip_impl")
+            impl = state["strategy"].backend.call("__getattribute__", None, "_clip_impl")
             seen["clip_impl"] = sorted({f.__name__ for f in impl.values()})
         if rnd <= rounds:
-            before = torch.get_num_threads()
             torch.set_num_threads(threads)
             try:
                 t0 = time.perf_counter()
-                run_iterations(inprocess_nodes, rnd * iters, (rnd + 1) * iters)
+                run_iterations(nodes, rnd * iters, (rnd + 1) * iters)
                 seen["inprocess"].append(time.perf_counter() - t0)
             finally:
                 torch.set_num_threads(before)
-        seen["resume"] = time.perf_counter()
+        state["resume"] = time.perf_counter()
         return None
 
-    server = ServerApp()
+    strat = _timed_strategy()(n, spec, num_iters=(rounds + 1) * iters, iters_per_round=iters, transport="ray",
+                              evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=600,
+                              backend_kwargs={"num_hosts": 2})
+    state["strategy"] = strat
+    strat.start(grid)
+    seen["timings"] = dict(strat.timings)
+    return seen
 
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        strat = _timed_strategy()(n, spec, num_iters=(rounds + 1) * iters, iters_per_round=iters,
-                                  transport="ray", evaluate_fn=evaluate, checkpoint=False, max_retries=0,
-                                  timeout_s=600, backend_kwargs={"num_hosts": 2})
-        seen["strategy"] = strat
-        strat.start(grid)
 
-    from flower_dp._ray_local import use_loopback
+def _flower_interleaved(n: int, J: int, batch: int, iters: int, rounds: int, threads: int) -> dict:
+    """Flower rounds of ``iters`` iterations, each followed by the same segment in-process.
 
-    use_loopback()  # the simulation's Ray binds 127.0.0.1
-    t0 = time.perf_counter()
-    run_simulation(server_app=server, client_app=make_client_app(model_builder(_shallow_cnn, functools.partial(
-        _synthetic_data, J))), num_supernodes=n, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
-    t_end = time.perf_counter()
+    ``flwr run`` of :class:`PushSumStrategy` (Ray host actors, one round = one segment); round 1 warms up.  At the
+    end of every round the server's ``evaluate_fn`` (which Flower calls while the host actors wait) steps n
+    in-process nodes (built in the ServerApp's process like the ClientApps' and warmed up for one epoch with
+    ``threads`` torch threads) through their next segment.  So Flower rounds 2..rounds+1 and in-process segments
+    alternate in time and see the same machine load.  A Flower round is timed from the end of the in-process
+    segment before it to the end of its own segment (its register messages to the n ClientApps, the segment on the
+    host actors, the network average, the per-node reports).
+    """
+    seen = _run_flower("interleaved", n, J, batch, iters, rounds, threads)
     if len(seen["flower"]) < rounds:
-        raise RuntimeError(f"the Flower run finished {len(seen['flower'])} of {rounds} timed rounds (see the log above)")
-    tim = seen["strategy"].timings
+        raise RuntimeError(f"the Flower run finished {len(seen['flower'])} of {rounds} timed rounds")
+    tim = seen["timings"]
     # a timed round also holds the tail of the round before (after the in-process segment: Flower's own
     # bookkeeping) and not its own evaluate_fn: "other" is what no part below accounts for
     parts = [_round_parts(tim, rnd, t) for rnd, t in enumerate(seen["flower"], start=2)]
     return {"flower_rounds_s": [round(t, 3) for t in seen["flower"]], "flower_round_parts_s": parts,
             "inprocess_segments_s": [round(t, 3) for t in seen["inprocess"]],
-            "flower_startup_s": round(seen["end_1"] - t0, 2),  # Ray, SuperNodes, host actors, node build, round 1
-            "flower_total_s": round(t_end - t0, 2),
+            # flwr run, Ray, SuperNodes, host actors, node build, round 1 (not the in-process nodes' build)
+            "flower_startup_s": round(seen["end_1"] - seen["t0"] - seen["inprocess_build_s"], 2),
+            "flower_total_s": round(seen["t_end"] - seen["t0"], 2),
             "flower_backend_start_s": round(tim.get("backend_start_s", float("nan")), 2),
             "clip_impl_flower": seen.get("clip_impl")}
 
@@ -250,7 +317,6 @@ def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
     ratio of the minima (medians beside it).
     """
     try:
-        from flower_dp.clients.push_sum_app import plan_spec
         from flower_dp.gossip import run_iterations
     except ImportError as exc:
         return missing("flower_dp.clients.push_sum_app (the algorithms)", exc)
@@ -258,9 +324,7 @@ def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
     iters = J // batch  # one epoch of each node's data (expected batch B, Poisson rate B/J)
     # 9 timed rounds: a median of 3 moved by 0.3 between idle runs (0.86-1.19 on 2026-11-26)
     rounds = 2 if quick else 9
-    params = {"variant": "dyn", "epsilon": 2.0, "delta": 1e-5, "batch_size": batch, "lr": 0.05}
-    spec = plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J,
-                     num_iters=(rounds + 1) * iters, topology="exp")
+    spec = _overhead_spec(n, J, batch, (rounds + 1) * iters)
     factory = functools.partial(_spec_node, spec=spec, J=J)
     out = {"n": n, "samples_per_node": J, "batch": batch, "iterations": iters, "model": "shallow_cnn",
            "algorithm": "dyn_d2p", "topology": "exp", "data": "synthetic (timing only)"}
@@ -306,7 +370,7 @@ def run_overhead(quick: bool = False, *, skip_ray: bool = False) -> dict:
     finally:
         ray.shutdown()
     try:
-        out.update(_flower_interleaved(n, spec, J, iters, rounds, nodes, threads))
+        out.update(_flower_interleaved(n, J, batch, iters, rounds, threads))
     except Exception as exc:  # noqa: BLE001
         out.update(missing("Flower-on-Ray run failed", exc))
         return out
@@ -459,12 +523,13 @@ def _mlp_inprocess(n: int, J: int, batch: int, iters: int, per: int, ref: int | 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _ray_memory(host_pids: list[int]) -> dict:
-    """Summed RSS (and PSS) of the host actors and of every Ray worker process of this process, MiB."""
+def _ray_memory(host_pids: list[int], root: int | None = None) -> dict:
+    """Summed RSS (and PSS) of the host actors and of every Ray worker process under ``root`` (default this
+    process), MiB."""
     from ._common import proc_memory_mb, ray_worker_pids
 
     hosts = [proc_memory_mb(p, pss=True) for p in host_pids]
-    workers = ray_worker_pids()
+    workers = ray_worker_pids(root)
     allm = [proc_memory_mb(p, pss=True) for p in workers]
     return {"hosts_rss_mb": round(sum(m.get("rss", 0.0) for m in hosts), 1),
             "hosts_pss_mb": round(sum(m.get("pss", 0.0) for m in hosts), 1),
@@ -533,8 +598,34 @@ def _mlp_ray_point(n: int, J: int, batch: int, iters: int, per: int, ref: int | 
     return out
 
 
+def _cnn_point_rounds(grid: Grid, rc) -> dict:
+    """The ServerApp side of :func:`_flower_cnn_point`: two rounds, timed and measured in ``evaluate_fn``."""
+    n, J, iters = (int(rc[k]) for k in ("n", "samples-per-node", "iterations"))
+    spec = _overhead_spec(n, J, int(rc["batch"]), 2 * iters)
+    seen: dict = {}
+    state: dict = {}
+
+    def evaluate(rnd, avg):
+        seen[f"end_{rnd}"] = time.time()
+        strat = state["strategy"]
+        seen[f"gossip_s_{rnd}"] = strat.timings.get("gossip_s", float("nan"))
+        if "host_pids" not in seen:
+            seen["host_pids"] = [h["pid"] for h in strat.backend.host_info()]
+        seen[f"memory_{rnd}"] = _ray_memory(seen["host_pids"], root=int(rc["root-pid"]))
+        seen[f"resume_{rnd}"] = time.time()
+        return None
+
+    strat = _timed_strategy()(n, spec, num_iters=2 * iters, iters_per_round=iters, transport="ray",
+                              evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=900,
+                              backend_kwargs={"num_hosts": 2})
+    state["strategy"] = strat
+    strat.start(grid)
+    seen["timings"] = dict(strat.timings)
+    return seen
+
+
 def _flower_cnn_point(n: int, J: int, batch: int, iters: int) -> dict:
-    """n shallow-CNN Dyn-D2P nodes as Flower SuperNodes (``run_simulation``, PushSumStrategy, push-sum ClientApp).
+    """n shallow-CNN Dyn-D2P nodes as Flower SuperNodes (``flwr run``, PushSumStrategy, push-sum ClientApp).
 
     Two Flower rounds of ``iters`` iterations each; round 1 (Ray, SuperNodes, host actors, node build, first
     segment) warms up, round 2 is timed from the end of round 1 to the end of its own segment (the register
@@ -542,66 +633,22 @@ def _flower_cnn_point(n: int, J: int, batch: int, iters: int) -> dict:
     worker processes of this run (host actors, Flower's ClientApp actors, idle workers) after each round,
     and their summed RSS sampled every 0.5 s (peak).
     """
-    import ray
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from flower_dp._ray_local import use_loopback
-    from flower_dp.clients.push_sum_app import make_client_app, model_builder, plan_spec
-
-    from . import engine as this
-
-    params = {"variant": "dyn", "epsilon": 2.0, "delta": 1e-5, "batch_size": batch, "lr": 0.05}
-    spec = plan_spec("dyn_d2p", params, n_nodes=n, model_fn=_shallow_cnn, samples_per_node=J, num_iters=2 * iters,
-                     topology="exp")
-    ray.cloudpickle.register_pickle_by_value(this)  # Flower's workers and the hosts need not import benchmarks
-    if ray.is_initialized():
-        ray.shutdown()  # run_simulation starts its own Ray
-    seen: dict = {}
     sampler = PeakSampler(_workers_rss_mb, period_s=0.5)
-
-    def evaluate(rnd, avg):
-        seen[f"end_{rnd}"] = time.perf_counter()
-        strat = seen["strategy"]
-        seen[f"gossip_s_{rnd}"] = strat.timings.get("gossip_s", float("nan"))
-        if "host_pids" not in seen:
-            seen["host_pids"] = [h["pid"] for h in strat.backend.host_info()]
-        seen[f"memory_{rnd}"] = _ray_memory(seen["host_pids"])
-        seen[f"resume_{rnd}"] = time.perf_counter()
-        return None
-
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        strat = _timed_strategy()(n, spec, num_iters=2 * iters, iters_per_round=iters, transport="ray",
-                                  evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=900,
-                                  backend_kwargs={"num_hosts": 2})
-        seen["strategy"] = strat
-        strat.start(grid)
-
-    use_loopback()
-    t0 = time.perf_counter()
     try:
-        app = make_client_app(model_builder(_shallow_cnn, functools.partial(_synthetic_data, J)))
-        run_simulation(server_app=server, client_app=app, num_supernodes=n,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+        seen = _run_flower("cnn-point", n, J, batch, iters)
     finally:
         peak = sampler.stop()
-        if ray.is_initialized():
-            ray.shutdown()
     if "end_2" not in seen:
-        raise RuntimeError(f"the Flower run at n={n} did not finish its timed round (see the log above)")
+        raise RuntimeError(f"the Flower run at n={n} did not finish its timed round")
     rnd_s = seen["end_2"] - seen["resume_1"]
     seg_s = seen["gossip_s_2"] - seen["gossip_s_1"]
     mem = seen["memory_2"]
-    parts = _round_parts(seen["strategy"].timings, 2, rnd_s)
+    parts = _round_parts(seen["timings"], 2, rnd_s)
     return {"n": n, "iterations": iters, "num_hosts": 2, "round_s": round(rnd_s, 3), "segment_s": round(seg_s, 3),
             "round_2_parts_s": parts,
             "node_iterations_per_s": round(n * iters / rnd_s, 2),
             "segment_node_iterations_per_s": round(n * iters / seg_s, 2),
-            "startup_s": round(seen["end_1"] - t0, 2), "total_s": round(time.perf_counter() - t0, 2),
+            "startup_s": round(seen["end_1"] - seen["t0"], 2), "total_s": round(seen["t_end"] - seen["t0"], 2),
             "memory_round_1": seen["memory_1"], "memory_round_2": mem, "workers_rss_mb_peak": round(peak, 1),
             "workers_rss_mb": mem["workers_rss_mb"], "workers_rss_mb_per_node": round(mem["workers_rss_mb"] / n, 3),
             "hosts_rss_mb": mem["hosts_rss_mb"], "hosts_rss_mb_per_node": round(mem["hosts_rss_mb"] / n, 3)}
@@ -638,7 +685,7 @@ def run_scale(quick: bool = False, *, skip_ray: bool = False) -> dict:
     Every point builds its nodes, runs 1 warm-up iteration and times ``iters`` (20; quick 2) in segments of 5.
     In-process points run in a fresh Python process each (RSS delta = that n's nodes); Ray points on 2 host
     actors of one Ray instance (fresh actors per n; memory: summed RSS of the host actor processes); Flower
-    points are one ``run_simulation`` each (:func:`_flower_cnn_point`).
+    points are one ``flwr run`` each (:func:`_flower_cnn_point`).
     """
     out: dict = {"inprocess_mlp": {}, "ray_mlp": {}, "flower_cnn": {}, "max_nodes_inprocess_mlp": None,
                  "max_nodes_ray_mlp": None, "max_nodes_flower_cnn": None}
@@ -696,7 +743,7 @@ def run_scale(quick: bool = False, *, skip_ray: bool = False) -> dict:
     _grow(out, "flower_cnn", cnn_sizes, "Flower SuperNodes CNN",
           lambda n: _flower_cnn_point(n, cnn_J, cnn_batch, iters),
           lambda n, r: f"{r['node_iterations_per_s']} node-it/s (segment alone {r['segment_node_iterations_per_s']}), "
-                       f"Ray workers {r['workers_rss_mb']} MB, peak {r['workers_rss_mb_peak']} MB", "(run_simulation) ")
+                       f"Ray workers {r['workers_rss_mb']} MB, peak {r['workers_rss_mb_peak']} MB", "(flwr run) ")
     out["rss_mb_per_node_slope_inprocess_mlp"] = _slope(out["inprocess_mlp"], "rss_mb_after")
     out["hosts_mb_per_node_slope_ray_mlp"] = _slope(out["ray_mlp"], "hosts_rss_mb")
     out["hosts_mb_per_node_slope_flower_cnn"] = _slope(out["flower_cnn"], "hosts_rss_mb")

@@ -219,6 +219,8 @@ build-backend = "hatchling.build"
 [project]
 name = "{name}"
 version = "0.1.0"
+description = "A run written by flower_dp.flower_run"
+license = "Apache-2.0"
 requires-python = ">=3.11"
 dependencies = []
 

@@ -30,6 +30,8 @@ log = logging.getLogger("flwr")
 
 #: simulation: seconds the SuperNode count must hold before it is compared with n_nodes (Flower registers all at once)
 _SETTLE_S = 0.5
+#: deployment: seconds between pulls of the registration round's replies (ClientApp process starts take seconds)
+_REGISTER_POLL_S = 0.2
 
 
 def is_simulation(grid: Any) -> bool:
@@ -129,8 +131,7 @@ class FlowerSegments:
             s.backend = self._new_backend()
             t = time.perf_counter()
         arrays = s.initial if fresh and initial and s.initial is not None else ArrayRecord()
-        replies = list(grid.send_and_receive(s.configure_train(rnd, arrays, s.train_config, grid),
-                                             timeout=s.timeout_s))
+        replies = self._exchange(s.configure_train(rnd, arrays, s.train_config, grid), poll_s=_REGISTER_POLL_S)
         s.aggregate_train(rnd, replies)
         if len(replies) < s.n_nodes or len(set(s.node_of.values())) < s.n_nodes:
             have = sorted(set(s.node_of.values()))
@@ -260,9 +261,10 @@ class FlowerSegments:
                                      f"{s.timeout_s:.0f} s; check those SuperNodes or raise timeout_s")
         return out
 
-    def _exchange(self, msgs: list[Message]) -> list[Message]:
-        """``grid.send_and_receive`` with a short poll: Flower's deployment Grid sleeps 3 s between pulls, a
-        relay iteration is one or two such exchanges; here the replies are pulled every ``poll_s`` seconds."""
+    def _exchange(self, msgs: list[Message], poll_s: float | None = None) -> list[Message]:
+        """``grid.send_and_receive`` with a short poll: Flower's deployment Grid sleeps 3 s between pulls, and a
+        registration round or a relay iteration (one or two exchanges) would wait for it; here the replies are
+        pulled every ``poll_s`` seconds (default ``self.poll_s``)."""
         grid, timeout_s = self.grid, self.s.timeout_s
         if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
             return list(grid.send_and_receive(msgs, timeout=timeout_s))
@@ -276,7 +278,7 @@ class FlowerSegments:
             if not ids or time.monotonic() >= deadline:
                 break
             if not got:
-                time.sleep(self.poll_s)
+                time.sleep(self.poll_s if poll_s is None else poll_s)
         return out
 
 

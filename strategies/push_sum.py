@@ -92,6 +92,9 @@ class PushSumStrategy(Strategy):
         What the results document says about the run's data and model (its ``"info"``).
     """
 
+    #: the Flower side of a run (the registration rounds, the transport's backend); a subclass may instrument it
+    segments_class = FlowerSegments
+
     def __init__(self, n_nodes: int, spec: NodeSpec | Mapping[str, Any], *, num_iters: int, iters_per_round: int,
                  transport: str = "ray", evaluate_fn: EvaluateFn | None = None, out_dir: str | Path | None = None,
                  timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
@@ -267,7 +270,7 @@ class PushSumStrategy(Strategy):
                                num_iters_requested=self._num_iters_requested(), num_segments=rounds,
                                replay_plan=plan if hasattr(plan, "steps") else None, flower_rows=True)
         try:
-            run_segments(FlowerSegments(self, grid, t0), segments, recorder=self.recorder, header=self._header,
+            run_segments(self.segments_class(self, grid, t0), segments, recorder=self.recorder, header=self._header,
                          evaluate=lambda rnd, avg: self._evaluate(rnd, avg, evaluate_fn, result), resume=self.resume,
                          should_stop=None if should_stop is None else (lambda rnd, _p: should_stop(rnd, result)),
                          debug_metrics=self.debug_metrics, keep_states=self.keep_states,
