@@ -30,8 +30,9 @@ log = logging.getLogger("flwr")
 
 #: simulation: seconds the SuperNode count must hold before it is compared with n_nodes (Flower registers all at once)
 _SETTLE_S = 0.5
-#: deployment: seconds between pulls of the registration round's replies (ClientApp process starts take seconds)
-_REGISTER_POLL_S = 0.2
+#: seconds between pulls of a registration round's replies (Flower's simulation Grid pulls every 0.1 s, its
+#: deployment Grid every 3 s)
+_REGISTER_POLL_S = 0.1
 
 
 def is_simulation(grid: Any) -> bool:
