@@ -10,7 +10,7 @@ partition, model and state).
 codec.  In a ``flwr-clientapp`` process it hands each message to a node worker: one long-lived Python process per
 SuperNode that holds the node between messages (the node cache of
 :func:`flower_dp.clients.push_sum_node.handle_content`), started on the first message and reached over a Unix
-socket.  Elsewhere (``run_simulation``, whose ClientApps live in long-lived processes already; tests;
+socket.  Elsewhere (Flower's simulation, whose ClientApps live in long-lived Ray actors already; tests;
 ``FLOWER_DP_NODE_WORKER=0``) the message runs in the ClientApp's own process.  Both paths run the same function on
 the same inputs, so replies and ``context.state`` are bit-identical.  The node side (message handler, node
 builders, the demo node) is :mod:`flower_dp.clients.push_sum_node`; its public names can also be imported from

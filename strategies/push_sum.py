@@ -38,7 +38,7 @@ from ._push_sum_spec import NodeSpec
 
 __all__ = ["PushSumStrategy", "NodeSpec"]
 
-# Flower's own logger: its handlers print to the console of run_simulation and stream to `flwr run --stream` /
+# Flower's own logger: its handlers print to the console of a simulation and stream to `flwr run --stream` /
 # `flwr log` from a ServerApp process, where a logger of flower-dp's own has no handler
 log = logging.getLogger("flwr")
 
