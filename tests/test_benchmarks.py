@@ -113,3 +113,23 @@ def test_noise_floor_reports_every_generator_and_the_step_beside_a_draw():
     assert set(doc["step_ms"]) == {"alone", "beside_a_draw", "alone_again"}
     assert all(v["min_ms"] > 0 and v["median_ms"] >= v["min_ms"] for v in doc["draw_ms"].values())
     assert doc["floor_ratio_b64"] > 0 and doc["interference_ratio"] > 0
+
+
+def test_engine_round_parts_time_what_the_strategy_calls():
+    """The engine benchmark's per-round parts (register, segment, average, reports) wrap methods the push-sum
+    strategy really calls: its Flower side is ``segments_class``, whose registration and backend are overridden."""
+    from flower_dp.strategies._push_sum_backend import FlowerSegments
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    import importlib
+
+    engine = importlib.import_module("benchmarks.engine")
+    timed = engine._timed_strategy()
+    assert issubclass(timed, PushSumStrategy) and issubclass(timed.segments_class, FlowerSegments)
+    for name in ("_register", "_new_backend"):
+        assert getattr(timed.segments_class, name) is not getattr(FlowerSegments, name), name
+    backend_calls = {"run_segment", "network_average", "privacy_reports", "param_layout"}
+    from flower_dp.gossip.ray_backend import RayGossipBackend
+
+    assert set(engine.ROUND_PARTS[1:]) == backend_calls
+    assert all(callable(getattr(RayGossipBackend, name, None)) for name in backend_calls)
