@@ -103,9 +103,10 @@ def _wait_for_port(port: int, proc: subprocess.Popen, why_it_died, wait_s: float
 
 
 @contextmanager
-def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterator[str]:
+def ray_head(env: Mapping[str, str] | None = None, num_cpus: int | None = None) -> Iterator[str]:
     """Yield the address ``127.0.0.1:PORT`` of a Ray head of its own (no dashboard, loopback), stopped (its process
-    group killed) on exit.  ``env``: the environment of the head and so of every Ray worker it starts."""
+    group killed) on exit.  ``env``: the environment of the head and so of every Ray worker it starts; ``num_cpus``:
+    its CPUs (default all of this machine's; its GPUs are Ray's own count)."""
     bin_dir = Path(sys.executable).parent
     port = free_port()
     env = dict(os.environ if env is None else env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
@@ -113,7 +114,7 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
     ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
     head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--include-dashboard=false", f"--num-cpus={num_cpus}", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+         "--include-dashboard=false", f"--num-cpus={num_cpus or os.cpu_count() or 1}", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with sigterm_raises():
         try:
@@ -126,7 +127,7 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int = 2) -> Iterato
 
 def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, run_config: str = "",
              timeout_s: float | None = 600, runtime_install: bool = False, pythonpath: Sequence[str | Path] = (),
-             env: Mapping[str, str] | None = None, num_cpus: int = 2) -> FlwrRun:
+             env: Mapping[str, str] | None = None, num_cpus: int | None = None) -> FlwrRun:
     """``flwr run APP --stream`` against a SuperLink (``--simulation``) and a Ray head of its own; both stopped after.
 
     ``work_dir`` receives ``flwr_home/`` (Flower's home: the connection, the installed FAB, the SuperLink log).
@@ -240,11 +241,11 @@ clientapp = "flower_dp_run_app:client_app"
 def run_app(server_app: str, client_app: str, *, num_supernodes: int, work_dir: str | Path,
             run_config: Mapping[str, ConfigValue] | None = None, timeout_s: float | None = 600,
             pythonpath: Sequence[str | Path] = (), client_num_cpus: int = 1, client_num_gpus: float = 0.0,
-            num_cpus: int = 2) -> FlwrRun:
+            num_cpus: int | None = None) -> FlwrRun:
     """Run a ServerApp and a ClientApp, each named ``"package.module:attribute"``, on ``num_supernodes`` simulated
     SuperNodes with ``flwr run`` (Flower's replacement for ``run_simulation``); the app is written to
     ``work_dir/app``.  ``pythonpath``: folders the two apps' modules are imported from when they are not installed.
-    ``num_cpus``: the CPUs of the Ray head the simulation runs on."""
+    ``num_cpus``: the CPUs of the Ray head the simulation runs on (default all of this machine's)."""
     if int(num_supernodes) < 1:
         raise ValueError(f"num_supernodes = {num_supernodes!r}: a simulation needs at least 1 SuperNode")
     app = write_app(Path(work_dir) / "app", server_app, client_app, run_config)
