@@ -114,7 +114,8 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int | None = None) 
     ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
     head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-         "--include-dashboard=false", f"--num-cpus={num_cpus or os.cpu_count() or 1}", f"--temp-dir={ray_temp}", "--disable-usage-stats"],
+         "--include-dashboard=false", f"--num-cpus={num_cpus or os.cpu_count() or 1}", f"--temp-dir={ray_temp}",
+         "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     with sigterm_raises():
         try:
