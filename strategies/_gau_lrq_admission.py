@@ -25,6 +25,7 @@ from flower_dp._checks import check_int
 from flower_dp.mechanisms.gau_lrq_codec import KEYS, META_KEY, PARTITION_META, PROBE_KEY, PROBE_TAG_META, probe_tag
 
 from . import flower_privacy as fp
+from ._grid import exchange
 from ._gau_lrq_aggregate import message_bytes
 
 __all__ = ["RoundAdmission"]
@@ -117,8 +118,7 @@ class RoundAdmission:
         probe = ConfigRecord({PROBE_KEY: self.stream_nonce, "server-round": server_round})
         msgs = [Message(content=RecordDict({self.configrecord_key: probe}),
                         message_type=MessageType.TRAIN, dst_node_id=n) for n in todo]
-        replies = {int(m.metadata.src_node_id): m for m in grid.send_and_receive(messages=msgs,
-                                                                              timeout=self._probe_timeout)}
+        replies = {int(m.metadata.src_node_id): m for m in exchange(grid, msgs, self._probe_timeout)}
         problems, pids = [], {}
         for n in todo:
             m = replies.get(int(n))

@@ -22,6 +22,8 @@ from flwr.serverapp.strategy import Result
 from flower_dp._checks import check_int
 from flower_dp.errors import BudgetExceededError
 
+from ._grid import exchange
+
 __all__ = ["RoundLoop"]
 
 
@@ -126,15 +128,14 @@ class RoundLoop:
                    evaluate_config: ConfigRecord, evaluate_fn) -> ArrayRecord:
         """One round after its train messages are made: train, aggregate, evaluate; return theta after it."""
         log(INFO, "configure_train: Sampled %s nodes (out of %s)", len(messages), self.N)
-        replies = grid.send_and_receive(messages=messages, timeout=timeout)
+        replies = exchange(grid, messages, timeout)
         agg, train_metrics = self.aggregate_train(rnd, replies)
         if agg is not None:
             result.arrays = arrays = agg
         if train_metrics is not None:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", train_metrics)
             result.train_metrics_clientapp[rnd] = train_metrics
-        ev_replies = grid.send_and_receive(messages=self.configure_evaluate(rnd, arrays, evaluate_config, grid),
-                                           timeout=timeout)
+        ev_replies = exchange(grid, self.configure_evaluate(rnd, arrays, evaluate_config, grid), timeout)
         ev = self.aggregate_evaluate(rnd, ev_replies)
         if ev is not None and self.publish_evaluate_metrics:
             log(INFO, "\t└──> Aggregated MetricRecord: %s", ev)

@@ -24,15 +24,14 @@ from flower_dp.errors import ConfigError, GossipTimeoutError
 from flower_dp.gossip import NodeFailureError
 from flower_dp.gossip.relay import ARRAYS_KEY, MESSAGE_KEYS as KEY, RelayGossipBackend, from_records, to_records
 
+from ._grid import POLL_S, exchange
+
 __all__ = ["FlowerSegments", "is_simulation"]
 
 log = logging.getLogger("flwr")
 
 #: simulation: seconds the SuperNode count must hold before it is compared with n_nodes (Flower registers all at once)
 _SETTLE_S = 0.5
-#: seconds between pulls of a registration round's replies (Flower's simulation Grid pulls every 0.1 s, its
-#: deployment Grid every 3 s)
-_REGISTER_POLL_S = 0.1
 
 
 def is_simulation(grid: Any) -> bool:
@@ -132,7 +131,7 @@ class FlowerSegments:
             s.backend = self._new_backend()
             t = time.perf_counter()
         arrays = s.initial if fresh and initial and s.initial is not None else ArrayRecord()
-        replies = self._exchange(s.configure_train(rnd, arrays, s.train_config, grid), poll_s=_REGISTER_POLL_S)
+        replies = self._exchange(s.configure_train(rnd, arrays, s.train_config, grid), poll_s=POLL_S)
         s.aggregate_train(rnd, replies)
         if len(replies) < s.n_nodes or len(set(s.node_of.values())) < s.n_nodes:
             have = sorted(set(s.node_of.values()))
@@ -263,23 +262,8 @@ class FlowerSegments:
         return out
 
     def _exchange(self, msgs: list[Message], poll_s: float | None = None) -> list[Message]:
-        """``grid.send_and_receive`` with a short poll: Flower's deployment Grid sleeps 3 s between pulls, and a
-        registration round or a relay iteration (one or two exchanges) would wait for it; here the replies are
-        pulled every ``poll_s`` seconds (default ``self.poll_s``)."""
-        grid, timeout_s = self.grid, self.s.timeout_s
-        if not (hasattr(grid, "push_messages") and hasattr(grid, "pull_messages")):
-            return list(grid.send_and_receive(msgs, timeout=timeout_s))
-        ids = set(grid.push_messages(msgs))
-        deadline = time.monotonic() + timeout_s
-        out: list[Message] = []
-        while ids:
-            got = list(grid.pull_messages(ids))
-            out += got
-            ids -= {m.metadata.reply_to_message_id for m in got}
-            if not ids or time.monotonic() >= deadline:
-                break
-            if not got:
-                time.sleep(self.poll_s if poll_s is None else poll_s)
-        return out
+        """Send ``msgs`` and collect the replies within ``timeout_s``, pulled every ``poll_s`` seconds (default
+        ``self.poll_s``; :func:`flower_dp.strategies._grid.exchange`)."""
+        return exchange(self.grid, msgs, self.s.timeout_s, self.poll_s if poll_s is None else poll_s)
 
 
