@@ -17,9 +17,8 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -27,7 +26,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.engine import RunHeader, RunProgress, SegmentPlan, run_segments
 from flower_dp.gossip.relay import ARRAYS_KEY, MESSAGE_KEYS as KEY, encode
-from flower_dp.models import resolve_device
 from flower_dp.recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 from flower_dp.rng import noise_record
@@ -42,7 +40,10 @@ __all__ = ["PushSumStrategy", "NodeSpec"]
 # `flwr log` from a ServerApp process, where a logger of flower-dp's own has no handler
 log = logging.getLogger("flwr")
 
-EvaluateFn = Callable[[int, torch.Tensor], dict[str, float] | None]
+if TYPE_CHECKING:
+    import torch
+
+EvaluateFn = Callable[[int, "torch.Tensor"], dict[str, float] | None]
 
 
 def _fmt(v: Any) -> str:
@@ -376,11 +377,16 @@ class PushSumStrategy(Strategy):
         if self.transport == "relay" and self._relay_devices:
             return [self._relay_devices[i] for i in sorted(self._relay_devices)]
         if self.transport == "relay":  # as clients.push_sum_node._relay_device resolves it
+            from flower_dp.models import resolve_device
+
             return [resolve_device(str(self.spec.device or "cpu"), log=False)]
         if self.backend_kwargs.get("device") is not None:
             return [str(self.backend_kwargs["device"])]
-        gpu = float(self.backend_kwargs.get("num_gpus_per_host", 0) or 0) > 0
-        return ["cuda" if gpu and torch.cuda.is_available() else "cpu"]
+        if float(self.backend_kwargs.get("num_gpus_per_host", 0) or 0) <= 0:
+            return ["cpu"]
+        import torch
+
+        return ["cuda" if torch.cuda.is_available() else "cpu"]
 
     def _claims_privacy(self, plan: Any) -> bool:
         """The plan's ``private`` flag; without a plan (toy or custom nodes), whether the nodes kept their

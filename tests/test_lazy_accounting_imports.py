@@ -43,14 +43,16 @@ def test_client_apps_import_neither_dp_accounting_nor_scipy():
 
 
 def test_strategies_load_each_strategy_on_first_use():
-    """A push-sum ServerApp imports PushSumStrategy without Gau-LRQ's codec; the package's names all resolve."""
+    """A push-sum ServerApp imports PushSumStrategy without Gau-LRQ's codec and without torch (a ServerApp process
+    loads it when the first network average arrives); the package's names all resolve."""
     code = ("import json, sys; import flower_dp.strategies as s; bare = 'torch' in sys.modules; "
             "from flower_dp.strategies import PushSumStrategy; "
-            "codec = 'flower_dp.mechanisms.gau_lrq_codec' in sys.modules; "
+            "codec = 'flower_dp.mechanisms.gau_lrq_codec' in sys.modules; push_torch = 'torch' in sys.modules; "
             "names = [getattr(s, n).__name__ for n in s.__all__]; "
-            "print(json.dumps({'bare': bare, 'codec': codec, 'names': names, 'sub': s.push_sum.__name__}))")
+            "print(json.dumps({'bare': bare, 'codec': codec, 'push_torch': push_torch, 'names': names, "
+            "'sub': s.push_sum.__name__}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"bare": False, "codec": False, "sub": "flower_dp.strategies.push_sum",
+    assert got == {"bare": False, "codec": False, "push_torch": False, "sub": "flower_dp.strategies.push_sum",
                    "names": ["GauLRQ", "Schedule", "gau_lrq_schedule", "client_level_epsilon", "PushSumStrategy"]}, got
