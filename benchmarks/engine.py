@@ -231,6 +231,19 @@ def _run_flower(scenario: str, n: int, J: int, batch: int, iters: int, rounds: i
         return {**json.loads(out_file.read_text()), "t0": t0, "t_end": t_end}
 
 
+def _start_timed(grid: Grid, spec: dict, num_iters: int, iters: int, evaluate, timeout_s: float, state: dict,
+                 seen: dict) -> dict:
+    """Run the timed strategy (:func:`_timed_strategy`, 2 Ray host actors, no checkpoint, no retry) to its end;
+    ``state["strategy"]`` is it (for ``evaluate``); returns ``seen`` with the strategy's ``timings``."""
+    strat = _timed_strategy()(spec["plan"].n_nodes, spec, num_iters=num_iters, iters_per_round=iters, transport="ray",
+                              evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=timeout_s,
+                              backend_kwargs={"num_hosts": 2})
+    state["strategy"] = strat
+    strat.start(grid)
+    seen["timings"] = dict(strat.timings)
+    return seen
+
+
 def _interleaved_rounds(grid: Grid, rc) -> dict:
     """The ServerApp side of :func:`_flower_interleaved`: builds and warms up the in-process nodes, then runs the
     strategy, stepping those nodes through a segment in every ``evaluate_fn``."""
@@ -269,13 +282,7 @@ def _interleaved_rounds(grid: Grid, rc) -> dict:
         state["resume"] = time.perf_counter()
         return None
 
-    strat = _timed_strategy()(n, spec, num_iters=(rounds + 1) * iters, iters_per_round=iters, transport="ray",
-                              evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=600,
-                              backend_kwargs={"num_hosts": 2})
-    state["strategy"] = strat
-    strat.start(grid)
-    seen["timings"] = dict(strat.timings)
-    return seen
+    return _start_timed(grid, spec, (rounds + 1) * iters, iters, evaluate, 600, state, seen)
 
 
 def _flower_interleaved(n: int, J: int, batch: int, iters: int, rounds: int, threads: int) -> dict:
@@ -615,13 +622,7 @@ def _cnn_point_rounds(grid: Grid, rc) -> dict:
         seen[f"resume_{rnd}"] = time.time()
         return None
 
-    strat = _timed_strategy()(n, spec, num_iters=2 * iters, iters_per_round=iters, transport="ray",
-                              evaluate_fn=evaluate, checkpoint=False, max_retries=0, timeout_s=900,
-                              backend_kwargs={"num_hosts": 2})
-    state["strategy"] = strat
-    strat.start(grid)
-    seen["timings"] = dict(strat.timings)
-    return seen
+    return _start_timed(grid, spec, 2 * iters, iters, evaluate, 900, state, seen)
 
 
 def _flower_cnn_point(n: int, J: int, batch: int, iters: int) -> dict:
