@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -257,6 +259,34 @@ def test_run_gau_lrq_in_a_flower_simulation_and_in_process_agree_on_the_mechanis
     for a, b in zip(sim["rounds"], inp["rounds"]):
         assert a["received"] == b["received"] == 2 and a["sigma"] == b["sigma"] and a["eps_rigorous"] == b["eps_rigorous"]
     assert len(sim["accuracy_per_round"]) == 3 and json.loads((tmp_path / "sim" / "results.json").read_text())
+
+
+def _crashing_train(msg: Message, context: Context) -> Message:
+    raise RuntimeError("this client crashes on purpose")
+
+
+@pytest.mark.flower
+def test_run_gau_lrq_simulation_of_a_failing_client_app_raises_with_the_stop_reason(tmp_path):
+    """run_gau_lrq(backend="simulation", client_app=...): the caller's ClientApp reaches the SuperNodes (as a
+    cloudpickle file); every client fails, the ServerApp stops after max_failed_rounds and the caller gets a
+    RuntimeError with the stop reason; results.json says failed; no copy of the secret is left behind."""
+    from flower_dp.experiments.gau_lrq import run_gau_lrq
+
+    app = ClientApp(mods=[make_gau_lrq_mod()])  # the secret file named in the run config
+    app.train()(_crashing_train)
+    tmp = Path(tempfile.gettempdir())
+    with pytest.raises(RuntimeError, match=r"without finishing the ServerApp \(stop reason 'failed: RuntimeError"):
+        run_gau_lrq("gau-lrq", backend="simulation", client_app=app, out_dir=tmp_path / "sim", num_clients=4,
+                    clients_per_round=2, num_rounds=4, local_steps=1, dataset="synthetic_fashion_mnist",
+                    model="logreg", per_class=5, test_samples=100, noise_multiplier=0.5)
+    doc = json.loads((tmp_path / "sim" / "results.json").read_text())
+    assert doc["stop_reason"].startswith("failed") and doc["rounds_completed"] == 2, doc["stop_reason"]
+    assert "this client crashes on purpose" in doc["stop_reason"]
+    # the run's folder is kept for Flower's logs, without the secret and the pickled ClientApp
+    (work,) = [w for w in tmp.glob("flower-dp-lrq-*") if (w / "spec.json").is_file() and json.loads(
+        (w / "spec.json").read_text())["strategy"]["out_dir"] == str((tmp_path / "sim").resolve())]
+    assert sorted(p.name for p in work.iterdir()) == ["app", "flwr_home", "results.json", "spec.json"]
+    shutil.rmtree(work)
 
 
 @pytest.mark.slow
