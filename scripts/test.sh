@@ -2,10 +2,12 @@
 # README command 2: install flower-dp with its test extras and run the whole test suite.
 # Exits non-zero when a test fails, when no test ran (pytest exit code 5) or when a run hangs.
 #
-# The Gau-LRQ Flower simulations each run in a pytest process of their own: Flower's simulation
-# starts its own Ray, and a second Ray start in a process that already ran one (or an in-process
-# Ray test) can leave it waiting.  Every pytest process runs under a wall-clock limit, and
-# pytest-timeout (pyproject.toml) fails a single hung test with its stack, so the suite always ends.
+# The tests of ISOLATED each run in a pytest process of their own.  The Gau-LRQ Flower tests
+# (tests/test_gau_lrq_flower*.py) run in the main suite: their simulations run under `flwr run`
+# (flower_dp.flower_run: SuperLink, Ray head and apps in other processes), so the pytest process never
+# starts Ray; after an in-process Ray test in the same process they take as long as alone.  Every pytest
+# process runs under a wall-clock limit, and pytest-timeout (pyproject.toml) fails a single hung test with
+# its stack, so the suite always ends.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh" test
@@ -14,7 +16,7 @@ cd "$ROOT"
 # a Flower ServerApp thread while Ray ran beside it (py-spy, 2026-11-23): the hang behind the earlier CI timeout.
 # One OpenBLAS thread runs the product in the calling thread.  torch uses its own thread pool and is not affected.
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-ISOLATED=(tests/test_gau_lrq_flower.py tests/test_gau_lrq_flower_dropin.py tests/test_readme_gau_lrq_diff.py)
+ISOLATED=(tests/test_readme_gau_lrq_diff.py)
 MAIN_LIMIT_S="${FLOWER_DP_TEST_LIMIT_S:-4500}"   # the main suite: ~40 min on an idle 2-core machine (all of CI took 3109 s at stop 19); 75 min keeps CI under 90
 ONE_LIMIT_S=900                                  # one isolated test takes < 1 min
 

@@ -1,14 +1,22 @@
 """Gau-LRQ in a real Flower simulation (spec gau-lrq.md §4 Flower mapping, §10 integration).
 
-Two simulations (~20 s start-up each).  The ClientApp below is written as a Flower user would
-write it (softmax regression in numpy on a fixed synthetic task); only the mod is added.
+Each test runs ``flwr run`` (:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on
+127.0.0.1) of this module's :data:`server_app` (or :data:`mismatch_server_app`) and :data:`client_app`.  The
+ClientApp is written as a Flower user would write it (softmax regression in numpy on a fixed synthetic task); only
+the mod is added, reading the secret file named in the run config.  The ServerApps run in another process: they
+build the strategies from a JSON file of keyword arguments and write what the assertions read back to files
+(JSON, and ``.npz`` for arrays).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,13 +27,13 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flower_dp.flower_run import run_app
 from flower_dp.mechanisms.gau_lrq_codec import clip_update
 from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 N, B, FEAT, CLS, Q, LR, CLIP = 20, 5, 100, 10, 5, 0.5, 0.5
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-           "init_args": {"include_dashboard": False, "num_cpus": 2, "_node_ip_address": "127.0.0.1"}}
+HERE = Path(__file__).resolve().parent
 
 
 def _task(seed: int, n: int):
@@ -53,8 +61,9 @@ def accuracy(arrays: ArrayRecord) -> float:
     return float(np.mean(np.argmax(x @ arrays["w"].numpy() + arrays["b"].numpy(), 1) == y))
 
 
-def user_client_app(secret_file: str) -> ClientApp:
-    """An ordinary Flower ClientApp; the only Gau-LRQ line is the mod."""
+def user_client_app(secret_file: str | None = None) -> ClientApp:
+    """An ordinary Flower ClientApp; the only Gau-LRQ line is the mod (``secret_file`` None: the mod reads the
+    run config's ``lrq-secret-file``)."""
     app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
 
     @app.train()
@@ -72,25 +81,76 @@ def _initial() -> ArrayRecord:
     return ArrayRecord({"w": Array(np.zeros((FEAT, CLS), np.float32)), "b": Array(np.zeros(CLS, np.float32))})
 
 
-def _run(strategies: list[GauLRQ], secret_file: str, num_rounds: int) -> list:
-    import ray
-    from flwr.simulation import run_simulation
+#: the user's ClientApp of every simulation below
+client_app = user_client_app()
+#: runs ``GauLRQ(**kw)`` for each ``kw`` of the run config's ``spec-file``, one after another, and writes each one's
+#: record to ``out-dir`` (:func:`_write_record`)
+server_app = ServerApp()
+#: ``GauLRQ(num_clients=5)`` on 4 SuperNodes; writes the error and how long ``start`` took to fail to ``out-dir``
+mismatch_server_app = ServerApp()
 
-    if ray.is_initialized():  # an earlier test in this process left Ray up: Flower's simulation must start its own
-        ray.shutdown()
-    results = []
-    server = ServerApp()
 
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        for s in strategies:
-            # a lost reply ends its round after 300 s (a round takes ~1 s) instead of Flower's default hour
-            results.append(s.start(grid=grid, initial_arrays=_initial(), num_rounds=num_rounds, timeout=300,
-                                   evaluate_fn=lambda r, a: MetricRecord({"accuracy": accuracy(a)})))
+@server_app.main()
+def _main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    spec = json.loads(Path(str(rc["spec-file"])).read_text())
+    for i, kw in enumerate(spec["strategies"]):
+        s = GauLRQ(**kw)
+        # a lost reply ends its round after 300 s (a round takes ~1 s) instead of Flower's default hour
+        result = s.start(grid=grid, initial_arrays=_initial(), num_rounds=spec["num_rounds"], timeout=300,
+                         evaluate_fn=lambda r, a: MetricRecord({"accuracy": accuracy(a)}))
+        _write_record(Path(str(rc["out-dir"])) / str(i), s, result)
 
-    run_simulation(server_app=server, client_app=user_client_app(secret_file), num_supernodes=N, backend_config=BACKEND)
-    assert len(results) == len(strategies), "the ServerApp did not finish (see the Flower log above)"
-    return results
+
+def _write_record(out: Path, s: GauLRQ, result) -> None:
+    """What the tests read of a finished strategy: ``record.json`` (results, stop reason, repr, the server-side
+    metrics per round) and ``arrays.npz`` (the final model, every round's theta_k and decoded updates)."""
+    out.mkdir(parents=True)
+    (out / "record.json").write_text(json.dumps({
+        "results": s.results(), "stop_reason": s.stop_reason, "method": s.method, "repr": repr(s),
+        "evaluate_metrics_serverapp": {r: dict(m) for r, m in result.evaluate_metrics_serverapp.items()},
+        "final_names": list(result.arrays.keys())}, default=lambda a: a.tolist()))
+    arrays = {f"final/{n}": a.numpy() for n, a in result.arrays.items()}
+    for k, theta in s.thetas.items():
+        arrays.update({f"theta/{k}/{i}": t for i, t in enumerate(theta)})
+    for k, per_client in s.decoded.items():
+        arrays.update({f"decoded/{k}/{pid}": hat for pid, hat in per_client.items()})
+    np.savez(out / "arrays.npz", **arrays)
+
+
+def _read_record(out: Path) -> SimpleNamespace:
+    """:func:`_write_record`'s files as the attributes the tests read (``results`` is ``GauLRQ.results()``)."""
+    rec = json.loads((out / "record.json").read_text())
+    thetas, decoded, final = {}, {}, {}
+    with np.load(out / "arrays.npz") as z:
+        for key in z.files:
+            kind, *rest = key.split("/")
+            if kind == "final":
+                final[rest[0]] = z[key]
+            elif kind == "theta":
+                thetas.setdefault(int(rest[0]), {})[int(rest[1])] = z[key]
+            else:
+                decoded.setdefault(int(rest[0]), {})[int(rest[1])] = z[key]
+    return SimpleNamespace(
+        results=rec["results"], rounds=rec["results"]["rounds"], stop_reason=rec["stop_reason"],
+        method=rec["method"], repr=rec["repr"],
+        evaluate_metrics_serverapp={int(r): m for r, m in rec["evaluate_metrics_serverapp"].items()},
+        arrays={n: final[n] for n in rec["final_names"]}, decoded=decoded,
+        thetas={k: [v[i] for i in sorted(v)] for k, v in thetas.items()})
+
+
+def _run(strategies: list[dict], secret_file: str, num_rounds: int, tmp_path: Path) -> tuple[list, str]:
+    """Run ``GauLRQ(**kw)`` for each ``kw`` of ``strategies`` under ``flwr run`` on N SuperNodes; return their records
+    (:func:`_read_record`) and Flower's output (the ServerApp's log included)."""
+    (tmp_path / "spec.json").write_text(json.dumps({"strategies": strategies, "num_rounds": num_rounds}))
+    out = tmp_path / "records"
+    run = run_app(f"{__name__}:server_app", f"{__name__}:client_app", num_supernodes=N, work_dir=tmp_path / "flwr",
+                  pythonpath=[HERE], timeout_s=600,
+                  run_config={"spec-file": str(tmp_path / "spec.json"), "out-dir": str(out),
+                              "lrq-secret-file": secret_file})
+    done = [out / str(i) for i in range(len(strategies)) if (out / str(i) / "arrays.npz").is_file()]
+    assert len(done) == len(strategies), f"the ServerApp did not finish:\n{run.tail()}"
+    return [_read_record(d) for d in done], run.text
 
 
 @pytest.fixture
@@ -103,17 +163,16 @@ def secret_file(tmp_path):
 
 
 @pytest.mark.flower
-def test_lrq_end_to_end_exact_gaussian_hand_model_budget_stop_no_secret(tmp_path, secret_file, caplog):
+def test_lrq_end_to_end_exact_gaussian_hand_model_budget_stop_no_secret(tmp_path, secret_file):
     """Drop-in ClientApp + mod + GauLRQ: decoded - clipped ~ N(0, sigma^2); model = hand aggregate; clean budget stop."""
     path, secret = secret_file
     z = 1.5
     e4, e5 = (client_level_epsilon(np.full(r, z), 1e-5, B=B, N=N) for r in (4, 5))
     eps_budget = (e4 + e5) / 2  # 4 rounds fit, the 5th does not
-    strat = GauLRQ(num_clients=N, clients_per_round=B, clip=CLIP, num_rounds=6, epsilon=eps_budget, delta=1e-5,
-                   noise_multiplier=z, secret_file=path, keep_decoded=True, out_dir=tmp_path / "out",
-                   stream_nonce="e2e")
-    caplog.set_level(logging.INFO)
-    (result,) = _run([strat], path, num_rounds=6)
+    kw = dict(num_clients=N, clients_per_round=B, clip=CLIP, num_rounds=6, epsilon=eps_budget, delta=1e-5,
+              noise_multiplier=z, secret_file=path, keep_decoded=True, out_dir=str(tmp_path / "out"),
+              stream_nonce="e2e")
+    (strat,), log_text = _run([kw], path, num_rounds=6, tmp_path=tmp_path)
 
     # clean stop before round 5, results saved
     assert strat.stop_reason.startswith("budget"), strat.stop_reason
@@ -148,13 +207,12 @@ def test_lrq_end_to_end_exact_gaussian_hand_model_budget_stop_no_secret(tmp_path
     e = np.concatenate(errs) / sigma
     assert stats.kstest(e, "norm").pvalue > 1e-3
     assert abs(e.std() - 1) < 0.02 and abs(e.mean()) < 5 / np.sqrt(e.size)
-    for got, want in zip(result.arrays.values(), theta):
-        np.testing.assert_array_equal(got.numpy(), want)
+    for got, want in zip(strat.arrays.values(), theta):
+        np.testing.assert_array_equal(got, want)
 
-    # the secret never appears in the results or the logs
-    # (capfd is not used: after it, the next run_simulation in this process ran ~20x slower)
-    text = (tmp_path / "out" / "results.json").read_text() + caplog.text + repr(strat) + str(strat.results())
-    assert "configure_train" in caplog.text or "GauLRQ" in caplog.text  # the server log was captured
+    # the secret never appears in the results or the logs (Flower's output: the ServerApp's and SuperLink's logs)
+    text = (tmp_path / "out" / "results.json").read_text() + log_text + strat.repr + str(strat.results)
+    assert "configure_train" in log_text or "GauLRQ" in log_text  # the server log was captured
     assert secret.decode() not in text and secret.hex() not in text
 
 
@@ -166,19 +224,19 @@ def test_lrq_matches_gau_sgd_accuracy_at_a_quarter_of_the_bits(tmp_path, secret_
     # N = 20 clients cannot buy a useful client-level eps; fix sigma (z = 0.1) to compare the mechanisms
     kw = dict(num_clients=N, clients_per_round=B, clip=CLIP, num_rounds=8, noise_multiplier=0.1, epsilon=1e9,
               secret_file=path)
-    strats = [GauLRQ(method=m, stream_nonce=f"seed{s}", **kw) for s in range(3) for m in ("lrq", "gaussian")]
-    results = _run(strats, path, num_rounds=8)
+    strats, _ = _run([dict(method=m, stream_nonce=f"seed{s}", **kw) for s in range(3) for m in ("lrq", "gaussian")],
+                     path, num_rounds=8, tmp_path=tmp_path)
     acc = {m: [] for m in ("lrq", "gaussian")}
-    for s, r in zip(strats, results):
-        acc[s.method].append(r.evaluate_metrics_serverapp[8]["accuracy"])
+    for s in strats:
+        acc[s.method].append(s.evaluate_metrics_serverapp[8]["accuracy"])
         assert s.stop_reason == "completed"
     lrq, gau = np.array(acc["lrq"]), np.array(acc["gaussian"])
     # same error law N(0, sigma^2) on the decoded update -> same accuracy up to seed noise
     assert stats.ttest_ind(lrq, gau).pvalue > 0.01 and abs(lrq.mean() - gau.mean()) < 0.05, (lrq, gau)
     assert lrq.mean() > 0.5  # it learns (chance = 0.1)
-    bits = {s.method: s.results()["total_bits_algorithmic"] for s in strats[:2]}
+    bits = {s.method: s.results["total_bits_algorithmic"] for s in strats[:2]}
     payload = {s.method: sum(r["bytes_payload"] for r in s.rounds) for s in strats[:2]}
-    carried = {s.method: s.results()["total_bytes_carried"] for s in strats[:2]}
+    carried = {s.method: s.results["total_bytes_carried"] for s in strats[:2]}
     assert bits["lrq"] <= bits["gaussian"] / 4 and payload["lrq"] <= payload["gaussian"] / 4, (bits, payload)
     # whole messages: metadata and metric records add ~1.5 kB per reply, a lot next to this 1,010-parameter model
     assert carried["lrq"] < carried["gaussian"] / 2, carried
@@ -203,6 +261,34 @@ def test_run_gau_lrq_in_a_flower_simulation_and_in_process_agree_on_the_mechanis
     assert len(sim["accuracy_per_round"]) == 3 and json.loads((tmp_path / "sim" / "results.json").read_text())
 
 
+def _crashing_train(msg: Message, context: Context) -> Message:
+    raise RuntimeError("this client crashes on purpose")
+
+
+@pytest.mark.flower
+def test_run_gau_lrq_simulation_of_a_failing_client_app_raises_with_the_stop_reason(tmp_path):
+    """run_gau_lrq(backend="simulation", client_app=...): the caller's ClientApp reaches the SuperNodes (as a
+    cloudpickle file); every client fails, the ServerApp stops after max_failed_rounds and the caller gets a
+    RuntimeError with the stop reason; results.json says failed; no copy of the secret is left behind."""
+    from flower_dp.experiments.gau_lrq import run_gau_lrq
+
+    app = ClientApp(mods=[make_gau_lrq_mod()])  # the secret file named in the run config
+    app.train()(_crashing_train)
+    tmp = Path(tempfile.gettempdir())
+    with pytest.raises(RuntimeError, match=r"without finishing the ServerApp \(stop reason 'failed: RuntimeError"):
+        run_gau_lrq("gau-lrq", backend="simulation", client_app=app, out_dir=tmp_path / "sim", num_clients=4,
+                    clients_per_round=2, num_rounds=4, local_steps=1, dataset="synthetic_fashion_mnist",
+                    model="logreg", per_class=5, test_samples=100, noise_multiplier=0.5)
+    doc = json.loads((tmp_path / "sim" / "results.json").read_text())
+    assert doc["stop_reason"].startswith("failed") and doc["rounds_completed"] == 2, doc["stop_reason"]
+    assert "this client crashes on purpose" in doc["stop_reason"]
+    # the run's folder is kept for Flower's logs, without the secret and the pickled ClientApp
+    (work,) = [w for w in tmp.glob("flower-dp-lrq-*") if (w / "spec.json").is_file() and json.loads(
+        (w / "spec.json").read_text())["strategy"]["out_dir"] == str((tmp_path / "sim").resolve())]
+    assert sorted(p.name for p in work.iterdir()) == ["app", "flwr_home", "results.json", "spec.json"]
+    shutil.rmtree(work)
+
+
 @pytest.mark.slow
 def test_flwr_run_gau_lrq_example_app(tmp_path):
     """`flwr run examples/gau_lrq` (SuperLink and Ray on 127.0.0.1): the app trains, decodes and writes its results."""
@@ -224,34 +310,29 @@ def test_flwr_run_gau_lrq_example_app(tmp_path):
     assert secret.hex() not in res.read_text() and secret.hex() not in text   # the secret never leaks
 
 
-@pytest.mark.flower
-def test_size_mismatch_fails_fast_in_a_flower_simulation(secret_file):
-    """GauLRQ(num_clients=5) on 4 simulated SuperNodes: a ValueError naming both counts, well under 30 s."""
-    import time
-
-    import ray
-    from flwr.simulation import run_simulation
-
-    path, _ = secret_file
-    if ray.is_initialized():
-        ray.shutdown()
-    seen = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        s = GauLRQ(num_clients=5, clients_per_round=2, clip=CLIP, epsilon=8.0, num_rounds=2, secret_file=path,
-                   fraction_evaluate=0.0)
-        t0 = time.monotonic()
-        try:
-            s.start(grid=grid, initial_arrays=_initial(), timeout=300)
-        except ValueError as exc:
-            seen["error"], seen["s"] = str(exc), time.monotonic() - t0
-
+@mismatch_server_app.main()
+def _mismatch_main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
+    s = GauLRQ(num_clients=5, clients_per_round=2, clip=CLIP, epsilon=8.0, num_rounds=2,
+               secret_file=str(rc["lrq-secret-file"]), fraction_evaluate=0.0)
     t0 = time.monotonic()
-    run_simulation(server_app=server, client_app=user_client_app(path), num_supernodes=4, backend_config=BACKEND)
-    wall = time.monotonic() - t0
-    print(f"size mismatch in simulation: failed {seen.get('s', float('nan')):.1f} s after start(), "
-          f"run_simulation took {wall:.1f} s")
+    try:
+        s.start(grid=grid, initial_arrays=_initial(), timeout=300)
+    except ValueError as exc:
+        seen = {"error": str(exc), "s": time.monotonic() - t0}
+        Path(str(rc["out-file"])).write_text(json.dumps(seen))
+
+
+@pytest.mark.flower
+def test_size_mismatch_fails_fast_in_a_flower_simulation(secret_file, tmp_path):
+    """GauLRQ(num_clients=5) on 4 simulated SuperNodes: a ValueError naming both counts, well under 30 s."""
+    path, _ = secret_file
+    out = tmp_path / "seen.json"
+    run = run_app(f"{__name__}:mismatch_server_app", f"{__name__}:client_app", num_supernodes=4,
+                  work_dir=tmp_path / "flwr", pythonpath=[HERE], timeout_s=600,
+                  run_config={"out-file": str(out), "lrq-secret-file": path})
+    assert out.is_file(), f"the ServerApp did not fail with a ValueError:\n{run.tail()}"
+    seen = json.loads(out.read_text())
+    print(f"size mismatch in simulation: failed {seen['s']:.1f} s after start(), flwr run took {run.wall_s:.1f} s")
     assert "num_clients N = 5" in seen["error"] and "got 4 connected SuperNodes" in seen["error"], seen
     assert seen["s"] < 30

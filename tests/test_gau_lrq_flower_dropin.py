@@ -1,6 +1,9 @@
 """FedAvg -> GauLRQ in a user's ServerApp, in a real Flower simulation, and ``flwr run`` of the example with
-Flower's default runtime dependency installation.  Each test starts Ray: scripts/test.sh runs this
-file's tests in processes of their own.
+Flower's default runtime dependency installation.
+
+The user's ServerApp and ClientApp are this module's :data:`server_app` and :data:`client_app`, run by ``flwr run``
+(:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1) in other processes; the
+ServerApp writes what the assertions read to the JSON file named in the run config.
 """
 
 from __future__ import annotations
@@ -19,21 +22,21 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flower_dp.flower_run import run_app
 from flwr_run_helper import flwr_run
 from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 N, D = 4, 30
-BACKEND = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-           "init_args": {"include_dashboard": False, "num_cpus": 2, "_node_ip_address": "127.0.0.1"}}
 
 
 def _metrics(pid: int, rnd: int) -> dict:
     return {"num-examples": 8 * (pid + 1), "loss": 2.0 / (pid + 1) + 0.5 * rnd}
 
 
-def _client_app(secret_file: str) -> ClientApp:
-    """A user's ClientApp (train + evaluate); the Gau-LRQ line is the mod."""
+def _client_app(secret_file: str | None = None) -> ClientApp:
+    """A user's ClientApp (train + evaluate); the Gau-LRQ line is the mod (``secret_file`` None: the mod reads the
+    run config's ``lrq-secret-file``)."""
     app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
 
     @app.train()
@@ -52,16 +55,15 @@ def _client_app(secret_file: str) -> ClientApp:
     return app
 
 
-@pytest.mark.flower
-def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path):
-    """The user's FedAvg(**kw) becomes GauLRQ(**kw, num_clients, clip, epsilon): Result with eps per round, the
-    user's train metrics averaged as FedAvg would (no key added, none changed), client evaluation on."""
-    import ray
-    from flwr.simulation import run_simulation
+#: the user's ClientApp
+client_app = _client_app()
+#: the user's ServerApp, FedAvg swapped for GauLRQ; writes what the test reads to the run config's ``out-file``
+server_app = ServerApp()
 
-    secret = tmp_path / "lrq.secret"
-    secret.write_bytes(os.urandom(32))
-    secret.chmod(0o600)
+
+@server_app.main()
+def _main(grid: Grid, context: Context) -> None:
+    rc = context.run_config
     seen: list = []
 
     def train_aggr(records, key):
@@ -72,32 +74,45 @@ def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path
               min_available_nodes=N, train_metrics_aggr_fn=train_aggr)
     FedAvg(**kw)  # what the user had
     strategy = GauLRQ(**kw, num_clients=N, clip=0.5, epsilon=100.0, noise_multiplier=1.0,
-                      secret_file=str(secret), keep_decoded=True)
-    results = []
-    server = ServerApp()
+                      secret_file=str(rc["lrq-secret-file"]), keep_decoded=True)
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
+                            num_rounds=2, timeout=300)
+    Path(str(rc["out-file"])).write_text(json.dumps({
+        "stop_reason": strategy.stop_reason, "B": strategy.B, "delta": strategy.delta, "seen": seen,
+        "decoded_pids": {k: sorted(v) for k, v in strategy.decoded.items()},
+        "num_releases": strategy.privacy_spent().num_releases,
+        **{name: {r: dict(m) for r, m in getattr(result, name).items()}
+           for name in ("evaluate_metrics_serverapp", "train_metrics_clientapp", "evaluate_metrics_clientapp")}}))
 
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        results.append(strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
-                                      num_rounds=2, timeout=300))
 
-    if ray.is_initialized():
-        ray.shutdown()
-    run_simulation(server_app=server, client_app=_client_app(str(secret)), num_supernodes=N, backend_config=BACKEND)
-    assert results, "the ServerApp did not finish (see the Flower log above)"
-    result = results[0]
-    assert strategy.stop_reason == "completed" and strategy.B == 2
+@pytest.mark.flower
+def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path):
+    """The user's FedAvg(**kw) becomes GauLRQ(**kw, num_clients, clip, epsilon): Result with eps per round, the
+    user's train metrics averaged as FedAvg would (no key added, none changed), client evaluation on."""
+    secret = tmp_path / "lrq.secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    out = tmp_path / "seen.json"
+    run = run_app(f"{__name__}:server_app", f"{__name__}:client_app", num_supernodes=N, work_dir=tmp_path / "flwr",
+                  pythonpath=[Path(__file__).resolve().parent], timeout_s=600,
+                  run_config={"out-file": str(out), "lrq-secret-file": str(secret)})
+    assert out.is_file(), f"the ServerApp did not finish:\n{run.tail()}"
+    got = json.loads(out.read_text())
+    seen, decoded = got["seen"], {int(k): v for k, v in got["decoded_pids"].items()}
+    server, train = ({int(r): m for r, m in got[name].items()}
+                     for name in ("evaluate_metrics_serverapp", "train_metrics_clientapp"))
+    assert got["stop_reason"] == "completed" and got["B"] == 2
     for r in (1, 2):
-        eps = client_level_epsilon(np.full(r, 1.0), strategy.delta, B=2, N=N)
-        assert result.evaluate_metrics_serverapp[r]["eps_rigorous"] == pytest.approx(eps, rel=1e-9)
-        assert result.evaluate_metrics_serverapp[r]["eps_paper"] > 0
-        pids = sorted(strategy.decoded[r - 1])
+        eps = client_level_epsilon(np.full(r, 1.0), got["delta"], B=2, N=N)
+        assert server[r]["eps_rigorous"] == pytest.approx(eps, rel=1e-9)
+        assert server[r]["eps_paper"] > 0
+        pids = decoded[r - 1]
         assert sorted(seen[r - 1], key=lambda m: m["num-examples"]) == [_metrics(p, r) for p in pids]
         w = np.array([8.0 * (p + 1) for p in pids])
         want = float(np.sum(w * np.array([_metrics(p, r)["loss"] for p in pids])) / w.sum())
-        assert dict(result.train_metrics_clientapp[r]) == pytest.approx({"loss": want}, rel=1e-12)
-    assert set(result.evaluate_metrics_clientapp) == set()  # evaluated, but unpublished without an aggregator
-    assert strategy.privacy_spent().num_releases == 2
+        assert train[r] == pytest.approx({"loss": want}, rel=1e-12)
+    assert set(got["evaluate_metrics_clientapp"]) == set()  # evaluated, but unpublished without an aggregator
+    assert got["num_releases"] == 2
 
 
 @pytest.mark.slow

@@ -2,11 +2,11 @@
 
 One call runs one method (Gau-LRQ, Dynamic Gau-LRQ or a baseline of spec §7) with the real
 :class:`~flower_dp.strategies.gau_lrq.GauLRQ` strategy and the real client mod, either in a Flower
-simulation (``backend="simulation"``, Ray) or in this process (``backend="inprocess"``, default):
-an :class:`InProcessGrid` hands each train message to the same ``ClientApp`` (mods included) that
-the simulation would run, so the server and client code paths are the same; only the transport
-differs.  Node ids differ between the two backends (Flower draws random ones), so the two sample
-other clients: equal in law, not bit-identical.
+simulation (``backend="simulation"``: ``flwr run`` on Ray, :mod:`flower_dp.experiments.gau_lrq_app`) or in
+this process (``backend="inprocess"``, default): an :class:`InProcessGrid` hands each train message to the
+same ``ClientApp`` (mods included) that the simulation runs, so the server and client code paths are the
+same; only the transport differs.  Node ids differ between the two backends (Flower draws random ones), so
+the two sample other clients: equal in law, not bit-identical.
 
     >>> from flower_dp.experiments.gau_lrq import run_gau_lrq
     >>> res = run_gau_lrq("gau-lrq", num_clients=40, clients_per_round=10, num_rounds=15, local_steps=16,
@@ -37,7 +37,6 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from flower_dp._checks import check_choice, check_int, check_positive
-from flower_dp._ray_local import use_loopback
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
@@ -48,7 +47,7 @@ from flower_dp.strategies.gau_lrq import GauLRQ
 
 __all__ = ["METHODS", "SIX_METHODS", "run_gau_lrq", "run_table", "resolve_method", "InProcessGrid", "train",
            "make_client_app", "new_model", "model_to_arrays", "arrays_to_model", "client_data", "local_train",
-           "evaluate", "evaluate_fn", "ensure_secret_file", "new_secret_file", "seed_for"]
+           "evaluate", "evaluate_fn", "run_inputs", "ensure_secret_file", "new_secret_file", "seed_for"]
 
 #: name -> (strategy method, default tau).  Paper names, their short forms and the strategy's own codes.
 METHODS = {"gau-lrq": ("lrq", 1.0), "dynamic-gau-lrq": ("lrq", 0.9), "gau-sgd": ("gaussian", 1.0),
@@ -144,10 +143,20 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def make_client_app(secret_file: str) -> ClientApp:
-    """:func:`train` under the Gau-LRQ mod, the secret file bound (run_simulation has no run config)."""
+    """:func:`train` under the Gau-LRQ mod, bound to the run secret in ``secret_file``."""
     app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
     app.train()(train)
     return app
+
+
+def run_inputs(*, dataset: str, model: str, seed: int, per_class: int, local_steps: int, lr: float,
+               test_samples: int) -> tuple[ArrayRecord, ConfigRecord, object]:
+    """What the server of one run starts from, all public: the initial model (from ``seed``), the train config
+    every client gets, and the server-side evaluation on the first ``test_samples`` test images."""
+    initial = model_to_arrays(new_model(model, int(seed), num_classes=num_classes(dataset)))
+    train_cfg = ConfigRecord({"dataset": dataset, "model": model, "per-class": int(per_class),
+                              "local-steps": int(local_steps), "lr": float(lr), "seed": int(seed)})
+    return initial, train_cfg, evaluate_fn(dataset, int(test_samples), model)
 
 
 def evaluate_fn(dataset: str, n: int, model: str = "lenet"):
@@ -284,12 +293,15 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     reproducible : bool
         Seeded simulation mode: secret and nonce are derived from ``seed`` (the same numbers every run;
         the guarantee holds only against parties that do not know the seed; ``results["noise"]`` says so).
-    backend : ``"inprocess"`` or ``"simulation"`` (Flower ``run_simulation`` on Ray, loopback only).
+    backend : ``"inprocess"`` or ``"simulation"`` (``flwr run`` on simulated SuperNodes, Ray on loopback only;
+        the server and the clients run in other processes, :mod:`flower_dp.experiments.gau_lrq_app`).
     resume : bool
         Continue the run checkpointed in ``out_dir`` with its own secret (``out_dir/lrq.secret`` unless
         one is passed) and nonce (from the checkpoint); ends with exactly the numbers of an uninterrupted run.
     client_app : ClientApp or None
-        Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.
+        Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.  With
+        ``backend="simulation"`` it travels to the SuperNodes as a cloudpickle file (its functions must be
+        importable there, or defined in ``__main__``).
     round_timeout_s : float
         How long the server waits for a round's replies (``backend="simulation"``); a client that has
         not replied by then is dropped from that round's average (recorded in ``rounds[k]["received"]``).
@@ -329,28 +341,37 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                 "dataset_note": "Fashion-MNIST, the offline stand-in for MNIST" if dataset == "fashion_mnist" else "",
                 "model": model, "local_steps": Q, "lr": lr, "per_class": per_class, "test_samples": test_samples,
                 "seed": int(seed), "backend": backend, "batch": 32}
-    strategy = GauLRQ(num_clients=N, clients_per_round=B, clip=clip, num_rounds=K,
-                      epsilon=None if code == "none" else epsilon, delta=delta, method=code, tau=tau,
-                      noise_multiplier=z, calibration=calibration, secret=secret,
-                      secret_file=None if secret_file is None else str(secret_file), bq_bits=bq_bits,
-                      out_dir=out_dir, resume=resume, run_info=run_info, reproducible=reproducible,
-                      stream_nonce=nonce,  # None: a fresh random nonce (resume: the checkpoint's)
-                      fraction_evaluate=0.0)  # the server evaluates (evaluate_fn); no client-side evaluation
-    train_cfg = ConfigRecord({"dataset": dataset, "model": model, "per-class": int(per_class), "local-steps": Q,
-                              "lr": float(lr), "seed": int(seed)})
-    initial = model_to_arrays(new_model(model, int(seed), num_classes=num_classes(dataset)))
-    ev = evaluate_fn(dataset, int(test_samples), model)
+    # GauLRQ's keyword arguments besides the secret: plain values, so the simulation's ServerApp can rebuild it
+    strategy_kw = dict(num_clients=N, clients_per_round=B, clip=clip, num_rounds=K,
+                       epsilon=None if code == "none" else epsilon, delta=delta, method=code, tau=tau,
+                       noise_multiplier=z, calibration=calibration,
+                       secret_file=None if secret_file is None else str(secret_file), bq_bits=bq_bits,
+                       out_dir=None if out_dir is None else str(out_dir), resume=resume, run_info=run_info,
+                       reproducible=reproducible,
+                       stream_nonce=nonce,  # None: a fresh random nonce (resume: the checkpoint's)
+                       fraction_evaluate=0.0)  # the server evaluates (evaluate_fn); no client-side evaluation
+    # built here for the simulation too: bad settings fail in this process, a missing secret_file is created
+    strategy = GauLRQ(**strategy_kw, secret=secret)
+    inputs = dict(dataset=dataset, model=model, seed=int(seed), per_class=int(per_class), local_steps=Q, lr=float(lr),
+                  test_samples=int(test_samples))
     t0 = time.time()
     if backend == "inprocess":
         if client_app is None:
             client_app = (make_client_app(str(secret_file)) if secret_file is not None else
                           _app_with_secret(secret))
+        initial, train_cfg, ev = run_inputs(**inputs)
         with _task_identity():
             strategy.start(grid=InProcessGrid(client_app, N), initial_arrays=initial, num_rounds=K,
                            train_config=train_cfg, evaluate_fn=ev)
+        out = strategy.results()
     else:
-        _simulate(strategy, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus, round_timeout_s)
-    out = strategy.results()
+        from .gau_lrq_app import simulate
+
+        # the ServerApp and the ClientApps run in other processes, whose working folder may differ
+        strategy_kw.update({k: None if strategy_kw[k] is None else str(Path(strategy_kw[k]).expanduser().resolve())
+                            for k in ("secret_file", "out_dir")})
+        out = simulate(strategy_kw, inputs, num_rounds=K, secret=secret, client_app=client_app, num_cpus=num_cpus,
+                       round_timeout_s=round_timeout_s)
     out["wall_time_s"] = time.time() - t0
     return out
 
@@ -382,47 +403,6 @@ def _app_with_secret(secret: bytes) -> ClientApp:
     app = ClientApp(mods=[make_gau_lrq_mod(secret=secret)])
     app.train()(train)
     return app
-
-
-def _simulate(strategy: GauLRQ, client_app, secret_file, secret, initial, K, train_cfg, ev, N, num_cpus,
-              round_timeout_s: float) -> None:
-    import ray
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    tmp = None
-    if secret_file is None:  # Ray workers read the secret from a file (never from the message or the config)
-        import tempfile
-
-        tmp = tempfile.TemporaryDirectory()
-        secret_file = Path(tmp.name) / "lrq.secret"
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(secret)
-    done = []
-    server = ServerApp()
-
-    @server.main()
-    def _main(grid: Grid, context: Context) -> None:
-        strategy.start(grid=grid, initial_arrays=initial, num_rounds=K, train_config=train_cfg, evaluate_fn=ev,
-                       timeout=round_timeout_s)
-        done.append(True)
-
-    if ray.is_initialized():  # Flower's simulation must start its own Ray
-        ray.shutdown()
-    use_loopback()  # its Ray binds 127.0.0.1 (Ray ignores _node_ip_address="127.0.0.1" alone)
-    try:
-        run_simulation(server_app=server, client_app=client_app or make_client_app(str(secret_file)),
-                       num_supernodes=N,
-                       backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                       "init_args": {"include_dashboard": False, "num_cpus": int(num_cpus),
-                                                     "_node_ip_address": "127.0.0.1"}})
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    if not done:
-        raise RuntimeError(f"the Flower simulation ended without finishing the ServerApp (stop reason "
-                           f"{strategy.stop_reason!r}); see the Flower log above")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,64 @@
+"""The ClientApp of ``run_gau_lrq(backend="simulation")`` (:mod:`flower_dp.experiments.gau_lrq_app`), in-process.
+
+The simulation's SuperNodes run the module-level ``client_app``, which runs either the caller's ClientApp carried as
+a cloudpickle file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both must answer as
+the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
+The simulation itself: tests/test_gau_lrq_flower.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from flwr.clientapp import ClientApp
+from ray import cloudpickle
+
+from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flower_dp.experiments import gau_lrq_app
+from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, new_secret_file,
+                                           reproducible_secret, run_inputs, train)
+from flower_dp.strategies.gau_lrq import GauLRQ
+
+N = 6
+INPUTS = dict(dataset="synthetic_fashion_mnist", model="logreg", seed=0, per_class=5, local_steps=2, lr=0.1,
+              test_samples=200)
+
+
+def _results(app: ClientApp, run_config: dict) -> dict:
+    """GauLRQ for 2 rounds on N in-process nodes running ``app`` with ``run_config``: its results (no wall time)."""
+    strategy = GauLRQ(num_clients=N, clients_per_round=3, clip=0.5, num_rounds=2, noise_multiplier=0.5,
+                      epsilon=1e4, secret=reproducible_secret(0), stream_nonce="app", fraction_evaluate=0.0)
+    initial, train_cfg, ev = run_inputs(**INPUTS)
+    with _task_identity():
+        strategy.start(grid=InProcessGrid(app, N, run_config), initial_arrays=initial, train_config=train_cfg,
+                       evaluate_fn=ev)
+    return strategy.results()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_apps():
+    gau_lrq_app._APPS.clear()
+    yield
+    gau_lrq_app._APPS.clear()
+
+
+def test_a_pickled_client_app_runs_as_the_original(tmp_path):
+    """``client-app-file``: the module-level ClientApp loads the caller's ClientApp from its cloudpickle file and the
+    run gives exactly the numbers of the original app; the secret file is not read for it."""
+    own = ClientApp(mods=[make_gau_lrq_mod(secret=reproducible_secret(0))])
+    own.train()(train)
+    pickled = tmp_path / "client_app.pkl"
+    pickled.write_bytes(cloudpickle.dumps(own))
+    want = _results(own, {})
+    got = _results(gau_lrq_app.client_app,
+                   {"client-app-file": str(pickled), "lrq-secret-file": str(tmp_path / "no-such-file")})
+    assert got["stop_reason"] == "completed" and got["rounds_completed"] == 2
+    assert got == want
+    assert list(gau_lrq_app._APPS) == [str(pickled)]  # loaded once for all nodes and rounds
+
+
+def test_without_a_client_app_file_the_clients_run_make_client_app_on_the_secret_file(tmp_path):
+    """No ``client-app-file``: ``make_client_app(lrq-secret-file)``, the same numbers as that app itself."""
+    path = new_secret_file(tmp_path / "lrq.secret", reproducible_secret(0))
+    want = _results(make_client_app(path), {})
+    got = _results(gau_lrq_app.client_app, {"client-app-file": "", "lrq-secret-file": path})
+    assert got["stop_reason"] == "completed" and got == want
