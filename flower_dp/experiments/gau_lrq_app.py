@@ -60,6 +60,16 @@ def _client_train(msg: Message, context: Context) -> Message:
     return _inner_app(context.run_config)(msg, context)
 
 
+@client_app.evaluate()
+def _client_evaluate(msg: Message, context: Context) -> Message:
+    return _inner_app(context.run_config)(msg, context)
+
+
+@client_app.query()
+def _client_query(msg: Message, context: Context) -> Message:
+    return _inner_app(context.run_config)(msg, context)
+
+
 @server_app.main()
 def _main(grid: Grid, context: Context) -> None:
     from flower_dp.mechanisms.gau_lrq_codec import load_secret
