@@ -4,22 +4,25 @@ hands back.
 The SuperLink (``--simulation``) and the Ray head run in their own process groups and are killed afterwards.  A
 ServerApp runs in a process of its own, so what a test checks comes back through files: :func:`save_strategy`
 (in the ServerApp) writes what a :class:`~flower_dp.strategies.push_sum.PushSumStrategy` saw, :func:`load_strategy`
-(in the test) reads it.  :func:`run_test_app` runs a ServerApp defined in a test module (``tests/`` is on the
+(in the test) reads it, and :func:`saving_errors` lets a ServerApp that runs several strategies go on past a failed
+one, its traceback kept for the test's message.  :func:`run_test_app` runs a ServerApp defined in a test module (``tests/`` is on the
 simulation's path) with the push-sum ClientApp.
 """
 
 from __future__ import annotations
 
 import json
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from flower_dp.flower_run import FlwrRun, free_port, kill_group, ray_head, run_app, sigterm_raises
 from flower_dp.flower_run import flwr_run as _flwr_run
 
 __all__ = ["flwr_run", "free_port", "kill_group", "load_strategy", "ray_head", "run_test_app", "save_strategy",
-           "sigterm_raises"]
+           "saving_errors", "sigterm_raises"]
 
 TESTS_DIR = Path(__file__).resolve().parent
 #: the push-sum ClientApp, as ``run_flower_experiment`` runs it
@@ -72,13 +75,28 @@ def save_strategy(path: str | Path, strategy: Any, *, result: Any = None, averag
     path.with_suffix(".json").write_text(json.dumps(doc, default=_plain))
 
 
+@contextmanager
+def saving_errors(path: str | Path) -> Iterator[None]:
+    """In a ServerApp: an exception in the block is not raised but written, with its traceback, to ``path``
+    (``.error``), where :func:`load_strategy` of the same ``path`` shows it."""
+    try:
+        yield
+    except Exception:  # noqa: BLE001 - handed to the test through the file
+        path = Path(path).with_suffix(".error")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(traceback.format_exc())
+
+
 def load_strategy(path: str | Path, run: FlwrRun) -> SimpleNamespace:
     """What :func:`save_strategy` wrote at ``path``: ``history``, ``privacy``, ``failures``, ``timings``,
     ``evaluate_metrics_serverapp`` (keyed by round), the ``extra`` values, and ``averages`` (round -> tensor; empty
-    when none were saved).  Fails with the end of ``run``'s output when the ServerApp did not write it."""
+    when none were saved).  Fails with the traceback :func:`saving_errors` kept, or else the end of ``run``'s
+    output, when the ServerApp did not write it."""
     import torch
 
     path = Path(path)
+    error = path.with_suffix(".error")
+    assert not error.is_file(), f"the ServerApp failed before it wrote {path.name}.json:\n{error.read_text()}"
     assert path.with_suffix(".json").is_file(), f"the ServerApp wrote no {path.name}.json; flwr run:\n{run.tail()}"
     doc = json.loads(path.with_suffix(".json").read_text())
     doc["evaluate_metrics_serverapp"] = {int(rnd): m for rnd, m in doc["evaluate_metrics_serverapp"].items()}

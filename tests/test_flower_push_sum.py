@@ -1,7 +1,9 @@
 """Flower-on-Ray and server-relay push-sum runs give the in-process numbers (DESIGN.md backends 1, 2, 4).
 
-The Flower runs go through ``flwr run`` (:func:`flower_dp.flower_run.run_app`) with the ServerApps of this module;
-each writes what its strategy saw to the out dir (:func:`flwr_run_helper.save_strategy`) for the test to compare.
+The three Flower runs compared here (the toy nodes on Ray and on the relay, PartPSP on Ray) run one after the
+other in one ``flwr run`` (:func:`flower_dp.flower_run.run_app`) of :data:`SERVER`, shared by the tests of this
+module (:func:`flower_runs`); it writes what each strategy saw to the run's folder
+(:func:`flwr_run_helper.save_strategy`) for its test to compare.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from flower_dp.clients.push_sum_app import build_toy_node
 from flower_dp.gossip import run_iteration
 from flower_dp.topology import make_topology
 
-from flwr_run_helper import flwr_run, load_strategy, run_test_app, save_strategy
+from flwr_run_helper import flwr_run, load_strategy, run_test_app, save_strategy, saving_errors
 
 pytestmark = pytest.mark.flower
 
@@ -26,10 +28,10 @@ N, K, R = 8, 12, 6
 SPEC = {"builder": "toy", "n_nodes": N, "topology": "random_irregular", "topology_kwargs": {"seed": 4},
         "node_kwargs": {"dim": 16, "seed": 7}}
 
-#: the toy run; run configuration: ``transport`` ("ray" on two host actors, or "relay"), ``out-dir``
-TOY_SERVER = ServerApp()
-#: PartPSP from :func:`_partpsp_config` on Ray; run configuration: ``out-dir``
-PARTPSP_SERVER = ServerApp()
+#: the Flower runs of this module, each into ``out-dir/<name>`` (``out-dir``: its run configuration): ``ray`` and ``relay`` (the toy nodes
+#: of :data:`SPEC` on either transport, :func:`_toy_run`) and ``partpsp`` (:func:`_partpsp_run`); a run that fails
+#: leaves its traceback for its test and the next one runs
+SERVER = ServerApp()
 
 
 def _reference():
@@ -48,11 +50,29 @@ def _reference():
     return avgs, losses, bits
 
 
-@TOY_SERVER.main()
-def _toy_main(grid: Grid, context: Context) -> None:
+@SERVER.main()
+def _main(grid: Grid, context: Context) -> None:
+    out = Path(str(context.run_config["out-dir"]))
+    for name in ("ray", "relay", "partpsp"):
+        with saving_errors(out / name / "strategy"):
+            if name == "partpsp":
+                _partpsp_run(grid, out / name)
+            else:
+                _toy_run(grid, out / name, transport=name)
+
+
+@pytest.fixture(scope="module")
+def flower_runs(tmp_path_factory):
+    """The one ``flwr run`` of :data:`SERVER` for this module: its :class:`FlwrRun` and its ``out-dir``."""
+    out = tmp_path_factory.mktemp("flower_runs")
+    run = run_test_app("test_flower_push_sum:SERVER", out, num_supernodes=N, run_config={"out-dir": str(out)})
+    return run, out
+
+
+def _toy_run(grid: Grid, out: Path, transport: str) -> None:
+    """In the ServerApp: the toy nodes on ``transport``, two rounds of R iterations, into ``out``."""
     from flower_dp.strategies.push_sum import PushSumStrategy
 
-    transport, out = str(context.run_config["transport"]), Path(str(context.run_config["out-dir"]))
     averages = {}
 
     def evaluate(rnd, avg):
@@ -67,23 +87,23 @@ def _toy_main(grid: Grid, context: Context) -> None:
 
 
 @pytest.mark.parametrize("transport", ["ray", "relay"])
-def test_flower_push_sum_matches_inprocess(transport, tmp_path):
+def test_flower_push_sum_matches_inprocess(transport, flower_runs):
     """Flower rounds of R iterations (Ray hosts, or server relay) == in-process, to the bit for the toy node."""
     avgs, losses, bits = _reference()
-    run = run_test_app("test_flower_push_sum:TOY_SERVER", tmp_path, num_supernodes=N,
-                       run_config={"transport": transport, "out-dir": str(tmp_path)})
-    strat = load_strategy(tmp_path / "strategy", run)
+    run, out = flower_runs
+    out = out / transport
+    strat = load_strategy(out / "strategy", run)
     for rnd in (1, 2):
         assert torch.equal(strat.averages[rnd], avgs[rnd - 1]), f"round {rnd}: network average differs"
         assert strat.history[rnd - 1]["loss"] == pytest.approx(losses[rnd - 1], rel=1e-12)
     assert strat.history[-1]["bits_total"] == bits
-    doc = json.loads((tmp_path / "results.json").read_text())
+    doc = json.loads((out / "results.json").read_text())
     assert doc["status"] == "finished" and doc["backend"] == f"flower-{transport}" and len(doc["history"]) == 2
     assert doc["history"][-1]["norm"] == pytest.approx(float(avgs[-1].norm()))
     assert strat.evaluate_metrics_serverapp[2]["norm"] == pytest.approx(float(avgs[-1].norm()))
     if transport == "ray":
-        assert (tmp_path / "checkpoint.pt").exists()
-    print(f"{transport}: flwr run wall {run.wall_s:.1f} s, timings {strat.timings}")
+        assert (out / "checkpoint.pt").exists()
+    print(f"{transport}: timings {strat.timings} (flwr run of the module's three runs: {run.wall_s:.1f} s)")
 
 
 def _partpsp_config():
@@ -101,8 +121,9 @@ def _partpsp_config():
     })
 
 
-@PARTPSP_SERVER.main()
-def _partpsp_main(grid: Grid, context: Context) -> None:
+def _partpsp_run(grid: Grid, out: Path) -> None:
+    """In the ServerApp: :func:`_partpsp_config` on two Ray host actors, evaluated as the runner does, into
+    ``out``."""
     from flower_dp.clients.push_sum_app import spec_from_config
     from flower_dp.data import load_dataset
     from flower_dp.experiments.runner import evaluate_params
@@ -110,7 +131,6 @@ def _partpsp_main(grid: Grid, context: Context) -> None:
     from flower_dp.strategies.push_sum import PushSumStrategy
 
     torch.set_num_threads(1)
-    out = Path(str(context.run_config["out-dir"]))
     spec = spec_from_config(_partpsp_config())
     test = load_dataset("fashion_mnist", train=False)
     x_test, y_test = test.x[:200], test.y[:200]
@@ -126,15 +146,14 @@ def _partpsp_main(grid: Grid, context: Context) -> None:
     save_strategy(out / "strategy", strat)
 
 
-def test_flower_on_ray_partpsp_matches_inprocess_runner(tmp_path):
+def test_flower_on_ray_partpsp_matches_inprocess_runner(flower_runs):
     """PartPSP (reduce step every iteration) from an experiment config: Flower-on-Ray == run_experiment."""
     from flower_dp.experiments import run_experiment
 
     torch.set_num_threads(1)
     ref = run_experiment(_partpsp_config(), out_dir=None, progress=False)
-    run = run_test_app("test_flower_push_sum:PARTPSP_SERVER", tmp_path, num_supernodes=N,
-                       run_config={"out-dir": str(tmp_path)})
-    strat = load_strategy(tmp_path / "strategy", run)
+    run, out = flower_runs
+    strat = load_strategy(out / "partpsp" / "strategy", run)
     hist = strat.history
     assert [h["k"] for h in hist] == [h["k"] for h in ref.history] == [3, 6]
     for mine, theirs in zip(hist, ref.history):
