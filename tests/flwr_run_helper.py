@@ -4,9 +4,9 @@ hands back.
 The SuperLink (``--simulation``) and the Ray head run in their own process groups and are killed afterwards.  A
 ServerApp runs in a process of its own, so what a test checks comes back through files: :func:`save_strategy`
 (in the ServerApp) writes what a :class:`~flower_dp.strategies.push_sum.PushSumStrategy` saw, :func:`load_strategy`
-(in the test) reads it, and :func:`saving_errors` lets a ServerApp that runs several strategies go on past a failed
-one, its traceback kept for the test's message.  :func:`run_test_app` runs a ServerApp defined in a test module (``tests/`` is on the
-simulation's path) with the push-sum ClientApp.
+(in the test) reads it, and :func:`saving_errors` keeps a failed strategy run's traceback for the test's message
+(the ServerApp goes on with its next run).  :func:`run_test_app` runs a ServerApp defined in a test module
+(``tests/`` is on the simulation's path) with the push-sum ClientApp.
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ def save_strategy(path: str | Path, strategy: Any, *, result: Any = None, averag
 @contextmanager
 def saving_errors(path: str | Path) -> Iterator[None]:
     """In a ServerApp: an exception in the block is not raised but written, with its traceback, to ``path``
-    (``.error``), where :func:`load_strategy` of the same ``path`` shows it."""
+    (``.error``), where :func:`load_strategy` of the same ``path`` shows it.  The output of ``flwr run --stream``
+    can end before a ServerApp's traceback reaches it (a ServerApp that raised at once left none there)."""
     try:
         yield
     except Exception:  # noqa: BLE001 - handed to the test through the file

@@ -28,9 +28,9 @@ N, K, R = 8, 12, 6
 SPEC = {"builder": "toy", "n_nodes": N, "topology": "random_irregular", "topology_kwargs": {"seed": 4},
         "node_kwargs": {"dim": 16, "seed": 7}}
 
-#: the Flower runs of this module, each into ``out-dir/<name>`` (``out-dir``: its run configuration): ``ray`` and ``relay`` (the toy nodes
-#: of :data:`SPEC` on either transport, :func:`_toy_run`) and ``partpsp`` (:func:`_partpsp_run`); a run that fails
-#: leaves its traceback for its test and the next one runs
+#: the Flower runs of this module, each into ``out-dir/<name>`` (``out-dir``: its run configuration): ``ray`` and
+#: ``relay`` (the toy nodes of :data:`SPEC` on either transport, :func:`_toy_run`) and ``partpsp``
+#: (:func:`_partpsp_run`); a run that fails leaves its traceback for its test and the next one runs
 SERVER = ServerApp()
 
 

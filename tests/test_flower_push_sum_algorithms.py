@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from flower_dp.data import FASHION_MNIST_DIR
 
-from flwr_run_helper import load_strategy, run_test_app, save_strategy
+from flwr_run_helper import load_strategy, run_test_app, save_strategy, saving_errors
 
 pytestmark = [
     pytest.mark.flower,
@@ -72,7 +72,8 @@ def _max_diff(a, b, path="state"):
     return (0.0 if a == b else float("inf")), path
 
 
-#: the six strategy runs (every case of :data:`CASES` on both transports) into ``out-dir/<case>-<transport>``
+#: the six strategy runs (every case of :data:`CASES` on both transports), each into ``out-dir/<case>-<transport>``,
+#: where it leaves what its strategy saw, or its traceback, for the test
 SERVER = ServerApp()
 
 
@@ -86,11 +87,12 @@ def _main(grid: Grid, context: Context) -> None:
         spec = spec_from_config(_cfg(name))
         for transport in ("ray", "relay"):
             kw = {"backend_kwargs": {"num_hosts": 2}} if transport == "ray" else {}
-            strat = PushSumStrategy(N, spec, num_iters=spec["plan"].num_iters, iters_per_round=R,
-                                    transport=transport, out_dir=out / f"{name}-{transport}", timeout_s=120,
-                                    run_name=f"{name}-{transport}", **kw)
-            strat.start(grid)
-            save_strategy(out / f"{name}-{transport}" / "strategy", strat)
+            with saving_errors(out / f"{name}-{transport}" / "strategy"):
+                strat = PushSumStrategy(N, spec, num_iters=spec["plan"].num_iters, iters_per_round=R,
+                                        transport=transport, out_dir=out / f"{name}-{transport}", timeout_s=120,
+                                        run_name=f"{name}-{transport}", **kw)
+                strat.start(grid)
+                save_strategy(out / f"{name}-{transport}" / "strategy", strat)
 
 
 def test_three_backends_same_node_parameters(tmp_path):

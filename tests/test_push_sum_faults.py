@@ -21,7 +21,7 @@ from flower_dp.gossip import NodeFailureError, run_iteration
 from flower_dp.results import load_checkpoint
 from flower_dp.topology import make_topology
 
-from flwr_run_helper import load_strategy, run_test_app, save_strategy
+from flwr_run_helper import load_strategy, run_test_app, save_strategy, saving_errors
 
 N, K, R = 4, 12, 4
 
@@ -43,7 +43,8 @@ def _reference():
 
 
 #: three strategy runs into ``out-dir``: ``auto`` (a host actor killed at k=6, restarted from the checkpoint),
-#: ``stop`` (the same kill with max_retries=0) and ``resume`` (resume=True of the stopped run's folder)
+#: ``stop`` (the same kill with max_retries=0) and ``resume`` (resume=True of the stopped run's folder); each
+#: leaves what its strategy saw, or its traceback, for the test
 SERVER = ServerApp()
 
 
@@ -64,20 +65,23 @@ def _main(grid: Grid, context: Context) -> None:
         return PushSumStrategy(N, kw.pop("spec"), num_iters=K, iters_per_round=R, out_dir=run_dir, timeout_s=60,
                                evaluate_fn=evaluate, run_name=name, backend_kwargs={"num_hosts": 2}, **kw)
 
-    a = make("auto", out / "auto", spec=_spec(crash_at=6, crash_marker=str(out / "crash_a")))
-    a.start(grid)
-    save_strategy(out / "auto-strategy", a, averages=averages["auto"])
-    b = make("stop", out / "stop", spec=_spec(crash_at=6, crash_marker=str(out / "crash_b")), max_retries=0)
-    try:
-        b.start(grid)
-    except NodeFailureError as exc:
-        status = json.loads((out / "stop" / "results.json").read_text())["status"]
-        save_strategy(out / "stop-strategy", b, error=str(exc), error_nodes=exc.nodes, status=status)
-    else:
-        raise AssertionError("the run with max_retries=0 finished although its host actor was killed")
-    c = make("stop", out / "stop", spec=_spec(), resume=True)  # same out_dir: continue at k=4
-    c.start(grid)
-    save_strategy(out / "resume-strategy", c, averages=averages["stop"])  # rounds 1 (of b), 2 and 3
+    with saving_errors(out / "auto-strategy"):
+        a = make("auto", out / "auto", spec=_spec(crash_at=6, crash_marker=str(out / "crash_a")))
+        a.start(grid)
+        save_strategy(out / "auto-strategy", a, averages=averages["auto"])
+    with saving_errors(out / "stop-strategy"):
+        b = make("stop", out / "stop", spec=_spec(crash_at=6, crash_marker=str(out / "crash_b")), max_retries=0)
+        try:
+            b.start(grid)
+        except NodeFailureError as exc:
+            status = json.loads((out / "stop" / "results.json").read_text())["status"]
+            save_strategy(out / "stop-strategy", b, error=str(exc), error_nodes=exc.nodes, status=status)
+        else:
+            raise AssertionError("the run with max_retries=0 finished although its host actor was killed")
+    with saving_errors(out / "resume-strategy"):
+        c = make("stop", out / "stop", spec=_spec(), resume=True)  # same out_dir: continue at k=4
+        c.start(grid)
+        save_strategy(out / "resume-strategy", c, averages=averages["stop"])  # rounds 1 (of b), 2 and 3
 
 
 @pytest.mark.flower
