@@ -1,17 +1,24 @@
-"""Issue 5: Flower-on-Ray, server relay and in-process end with the same node parameters (n = 8).
+"""Flower-on-Ray, server relay and in-process end with the same node parameters (n = 8).
 
 Dyn-D2P, DP-CSGP (rand_a compressor) and PartPSP (reduce step every iteration) on
-Fashion-MNIST, from one experiment config each.  One Flower simulation runs all six
-strategies one after the other (each strategy run has its own nodes); the final node
-states come from each run's last checkpoint.
+Fashion-MNIST, from one experiment config each.  One ``flwr run`` of :data:`SERVER` runs all
+six strategies one after the other (each strategy run has its own nodes and out dir); the
+final node states come from each run's last checkpoint, the bits and the privacy from what
+the ServerApp saved of each strategy (:func:`flwr_run_helper.save_strategy`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
 
 from flower_dp.data import FASHION_MNIST_DIR
+
+from flwr_run_helper import load_strategy, run_test_app, save_strategy, saving_errors
 
 pytestmark = [
     pytest.mark.flower,
@@ -65,47 +72,43 @@ def _max_diff(a, b, path="state"):
     return (0.0 if a == b else float("inf")), path
 
 
+#: the six strategy runs (every case of :data:`CASES` on both transports), each into ``out-dir/<case>-<transport>``,
+#: where it leaves what its strategy saw, or its traceback, for the test
+SERVER = ServerApp()
+
+
+@SERVER.main()
+def _main(grid: Grid, context: Context) -> None:
+    from flower_dp.clients.push_sum_app import spec_from_config
+    from flower_dp.strategies.push_sum import PushSumStrategy
+
+    out = Path(str(context.run_config["out-dir"]))
+    for name in CASES:
+        spec = spec_from_config(_cfg(name))
+        for transport in ("ray", "relay"):
+            kw = {"backend_kwargs": {"num_hosts": 2}} if transport == "ray" else {}
+            with saving_errors(out / f"{name}-{transport}" / "strategy"):
+                strat = PushSumStrategy(N, spec, num_iters=spec["plan"].num_iters, iters_per_round=R,
+                                        transport=transport, out_dir=out / f"{name}-{transport}", timeout_s=120,
+                                        run_name=f"{name}-{transport}", **kw)
+                strat.start(grid)
+                save_strategy(out / f"{name}-{transport}" / "strategy", strat)
+
+
 def test_three_backends_same_node_parameters(tmp_path):
     """Per algorithm: in-process runner == Flower-on-Ray == Flower relay, every state tensor to 1e-6."""
-    from flwr.app import Context
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.simulation import run_simulation
-
-    from flower_dp.clients.push_sum_app import make_client_app, spec_from_config
     from flower_dp.experiments import run_experiment
     from flower_dp.results import load_checkpoint
-    from flower_dp.strategies.push_sum import PushSumStrategy
 
     torch.set_num_threads(1)
     ref = {name: run_experiment(_cfg(name), out_dir=None, progress=False) for name in CASES}
-    specs = {name: spec_from_config(_cfg(name)) for name in CASES}
-    seen: dict = {}
-    server = ServerApp()
-
-    @server.main()
-    def main(grid: Grid, context: Context) -> None:
-        try:
-            for name, spec in specs.items():
-                for transport in ("ray", "relay"):
-                    kw = {"backend_kwargs": {"num_hosts": 2}} if transport == "ray" else {}
-                    strat = PushSumStrategy(N, spec, num_iters=spec["plan"].num_iters, iters_per_round=R,
-                                            transport=transport, out_dir=tmp_path / f"{name}-{transport}",
-                                            timeout_s=120, run_name=f"{name}-{transport}", **kw)
-                    strat.start(grid)
-                    seen[(name, transport)] = strat
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            seen["error"] = exc
-            raise
-
-    run_simulation(server_app=server, client_app=make_client_app(), num_supernodes=N,
-                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-                                   "init_args": {"_node_ip_address": "127.0.0.1"}})
-    assert "error" not in seen, repr(seen.get("error"))
+    run = run_test_app("test_flower_push_sum_algorithms:SERVER", tmp_path, num_supernodes=N,
+                       run_config={"out-dir": str(tmp_path)}, timeout=900)
     problems = []
     for name in CASES:
         ref_states = [nd.state_dict() for nd in ref[name].nodes]
         for transport in ("ray", "relay"):
-            strat = seen[(name, transport)]
+            strat = load_strategy(tmp_path / f"{name}-{transport}" / "strategy", run)
             states = load_checkpoint(tmp_path / f"{name}-{transport}")["nodes"]
             for i in range(N):
                 diff, where = _max_diff(ref_states[i], states[i])
