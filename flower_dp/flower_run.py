@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,22 +31,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
-__all__ = ["FlwrRun", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
+__all__ = ["COMPLETED", "FlwrRun", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
 
 ConfigValue = bool | int | float | str
 
 
+#: the status Flower gives a run that ended without an error (``flwr ls``)
+COMPLETED = "finished:completed"
+
+
 @dataclass(frozen=True)
 class FlwrRun:
-    """What one ``flwr run`` left: its return code, its output (stdout + stderr, then the SuperLink log's tail) and
-    its wall seconds (the SuperLink and the Ray head already up)."""
+    """What one ``flwr run`` left: its return code; its output (stdout + stderr; for a run that did not complete,
+    the run's whole log from ``flwr log --show``, which ``--stream`` can end before; the SuperLink log's tail); its
+    wall seconds (the SuperLink and the Ray head already up); its run id and the status Flower gives it
+    (``flwr ls``: ``"finished:completed"``, ``"finished:failed"``, ...) with Flower's details (e.g. the exception)."""
 
     returncode: int
     text: str
     wall_s: float
+    run_id: str | None = None
+    status: str = ""
+    status_details: str = ""
+
+    @property
+    def completed(self) -> bool:
+        """Whether Flower reports the run as finished without an error."""
+        return self.status == COMPLETED
 
     def tail(self, chars: int = 4000) -> str:
-        return self.text[-chars:]
+        """The status line, then the last ``chars`` characters of the output."""
+        head = f"flwr run status: {self.status or 'unknown'} {self.status_details}".rstrip()
+        return head + "\n" + self.text[-chars:]
 
 
 def free_port() -> int:
@@ -66,7 +83,12 @@ def kill_group(proc: subprocess.Popen) -> None:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pass
-        time.sleep(1)
+        for _ in range(10):  # the group's other processes (Ray's, Flower's) end after their leader
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
 
 @contextmanager
@@ -180,10 +202,38 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
                                        f"output so far:\n{so_far[-3000:]}\n--- superlink log ---\n{link_tail()}"
                                        ) from None
                 wall = time.monotonic() - t
-                return FlwrRun(out.returncode, out.stdout + out.stderr + "\n--- superlink log ---\n" + link_tail(),
-                               wall)
+                text = out.stdout + out.stderr
+                run_id, status, details = _run_status(bin_dir, env, text)
+                if run_id and status != COMPLETED:
+                    log_text = _flwr(bin_dir, env, "log", run_id, "local-run", "--show")
+                    text += "\n--- flwr log --show ---\n" + log_text
+                return FlwrRun(out.returncode, text + "\n--- superlink log ---\n" + link_tail(), wall, run_id, status,
+                               details)
             finally:
                 kill_group(link)
+
+
+def _flwr(bin_dir: Path, env: Mapping[str, str], *args: str) -> str:
+    """Output of one ``flwr`` CLI call (stdout + stderr; a call that does not end in 120 s says so)."""
+    try:
+        out = subprocess.run([str(bin_dir / "flwr"), *args], env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        return f"`flwr {' '.join(args)}` did not answer within 120 s"
+    return out.stdout + out.stderr
+
+
+def _run_status(bin_dir: Path, env: Mapping[str, str], text: str) -> tuple[str | None, str, str]:
+    """(run id, status, status details) of the run ``flwr run`` started, from ``flwr ls``; ``(None, "", "")`` when
+    its output names no run."""
+    ids = re.findall(r"started run (\d+)", text)
+    if not ids:
+        return None, "", ""
+    listing = _flwr(bin_dir, env, "ls", "local-run", "--run-id", ids[0], "--format", "json")
+    try:
+        run = json.loads(listing[listing.index("{"):])["runs"][0]
+    except (ValueError, KeyError, IndexError):
+        return ids[0], "", f"flwr ls gave no status: {listing[-500:]}"
+    return ids[0], str(run.get("status", "")), str(run.get("status-details", ""))
 
 
 def _toml_value(key: str, value: ConfigValue) -> str:

@@ -60,4 +60,6 @@ def test_a_server_error_comes_back_in_the_output(tmp_path):
                   work_dir=tmp_path, run_config={"marker": "xyzzy-42"}, pythonpath=[Path(__file__).parent],
                   timeout_s=300)
     assert "failing on purpose: xyzzy-42" in run.text, run.tail()
+    assert run.status == "finished:failed" and not run.completed, run.tail()
+    assert "failing on purpose: xyzzy-42" in run.status_details and run.tail().startswith("flwr run status: finished:failed")
     print(f"flwr run of a failing ServerApp: {run.wall_s:.1f} s")
