@@ -71,10 +71,10 @@ def test_ray_transport_without_a_shared_cluster_fails_fast_and_nonzero(tmp_path)
 def test_ray_transport_with_the_address_in_the_run_config_starts_without_a_wait(tmp_path):
     """A Ray head on 127.0.0.1; the ServerApp and every SuperNode's node join it through the run config's
     ray-address (no RAY_ADDRESS anywhere): no wait for a simulation's Ray; the first iteration starts as soon as
-    the processes are up: 28.5-33.6 s after `flwr run` on an otherwise idle 2-core machine (3 runs, 2026-11-28;
-    the median run: 11.3 s until the strategy starts, 1.2 s to join Ray and create the hosts, 16.3 s for 4
-    flwr-clientapp and node worker starts that join Ray without importing torch; 34.5 s when the node workers
-    imported torch).  The bound below catches a 120 s wait coming back."""
+    the processes are up: 25.3-26.9 s after `flwr run` on an otherwise idle 2-core machine (3 runs, 2026-11-28;
+    the median run: 10.8 s until the strategy starts, 1.2 s to join Ray and create the hosts, 14.2 s for 4
+    flwr-clientapp and node worker starts that join Ray without importing torch, replies pulled every 0.1 s).
+    The bound below catches a 120 s wait coming back."""
     out = tmp_path / "out"
     with ray_head() as address, deployment(tmp_path, N) as run:
         r = run(APP, f"experiment='toy' n-nodes={N} num-iters={K} iters-per-round={R} transport='ray' "
