@@ -1,7 +1,7 @@
 """The ClientApp of ``run_gau_lrq(backend="simulation")`` (:mod:`flower_dp.experiments.gau_lrq_app`), in-process.
 
 The simulation's SuperNodes run the module-level ``client_app``, which runs either the caller's ClientApp carried as
-a cloudpickle file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both must answer as
+a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both must answer as
 the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
 The simulation itself: tests/test_gau_lrq_flower.py.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 from flwr.clientapp import ClientApp
-from ray import cloudpickle
-
+from flower_dp import handoff
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.experiments import gau_lrq_app
 from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, new_secret_file,
@@ -42,18 +41,19 @@ def _fresh_apps():
 
 
 def test_a_pickled_client_app_runs_as_the_original(tmp_path):
-    """``client-app-file``: the module-level ClientApp loads the caller's ClientApp from its cloudpickle file and the
+    """``client-app-file``: the module-level ClientApp loads the caller's ClientApp from its hand-off file and the
     run gives exactly the numbers of the original app; the secret file is not read for it."""
     own = ClientApp(mods=[make_gau_lrq_mod(secret=reproducible_secret(0))])
     own.train()(train)
-    pickled = tmp_path / "client_app.pkl"
-    pickled.write_bytes(cloudpickle.dumps(own))
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    pickled = handoff.write(own, folder / "client_app.pkl")
     want = _results(own, {})
     got = _results(gau_lrq_app.client_app,
                    {"client-app-file": str(pickled), "lrq-secret-file": str(tmp_path / "no-such-file")})
     assert got["stop_reason"] == "completed" and got["rounds_completed"] == 2
     assert got == want
-    assert list(gau_lrq_app._APPS) == [str(pickled)]  # loaded once for all nodes and rounds
+    assert list(gau_lrq_app._APPS) == [pickled]  # loaded once for all nodes and rounds
 
 
 def test_without_a_client_app_file_the_clients_run_make_client_app_on_the_secret_file(tmp_path):

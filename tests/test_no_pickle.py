@@ -8,7 +8,10 @@ pickle module.  Relay messages, node specs, node states in ``context.state`` and
 :mod:`flower_dp.gossip.wire` (a JSON tree + raw numeric arrays).
 
 Out of scope: Ray's own actor transport (``transport="ray"`` hands node factories and shares to Ray, which
-serialises them with cloudpickle inside its cluster); flower-dp code never calls a pickle loader itself.
+serialises them with cloudpickle inside its cluster).  One module of flower-dp loads a pickle itself:
+:mod:`flower_dp.handoff`, which hands a caller's own model factory, data or ClientApp to the Flower simulation that
+caller starts (``flwr run`` runs the apps in other processes), through a 0600 file in a 0700 folder, read only after
+checking both belong to this user alone; a test below checks those refusals.
 The other tests check the behaviour: a pickle put where a relay payload, a node spec or a checkpoint
 belongs is refused without being run.
 """
@@ -70,8 +73,13 @@ def _violations(path: Path) -> list[str]:
     return out
 
 
+#: the one module allowed to (de)serialise with cloudpickle: the caller's own objects to its own simulation
+HANDOFF = ROOT / "flower_dp" / "handoff.py"
+
+
 def test_package_has_no_pickle_loader():
-    bad = [v for p in _package_files() for v in _violations(p)]
+    assert HANDOFF.is_file() and _violations(HANDOFF), "the hand-off module is the scanner's one exception"
+    bad = [v for p in _package_files() if p != HANDOFF for v in _violations(p)]
     assert not bad, "pickles on a flower-dp path (use flower_dp.gossip.wire):\n" + "\n".join(bad)
 
 
@@ -165,3 +173,38 @@ def test_wire_round_trips_states_bit_for_bit(tmp_path):
     g2 = torch.Generator()
     g2.set_state(back["tgen"])
     assert torch.equal(torch.randn(4, generator=g2), torch.randn(4, generator=tgen))
+
+
+def test_handoff_reads_only_a_file_of_this_user_alone(tmp_path):
+    """A hand-off file round-trips a function and tensors; a file or folder others may read or change, or a link,
+    is refused before anything is loaded."""
+    import os
+
+    from flower_dp import handoff
+
+    folder = tmp_path / "run"
+    folder.mkdir(mode=0o700)
+    obj = {"fn": _model_factory, "x": torch.arange(6.0)}
+    path = handoff.write(obj, folder / "own.pkl")
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    back = handoff.read(path)
+    assert back["fn"] is _model_factory and torch.equal(back["x"], obj["x"])
+    with pytest.raises(FileExistsError):  # never over an existing file
+        handoff.write(obj, path)
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match=r"mode 644.*must be 0600"):
+        handoff.read(path)
+    os.chmod(path, 0o600)
+    os.chmod(folder, 0o755)
+    with pytest.raises(PermissionError, match=r"mode 755.*must be 0700"):
+        handoff.read(path)
+    with pytest.raises(PermissionError, match=r"mode 755.*must be 0700"):
+        handoff.write(obj, folder / "other.pkl")
+    os.chmod(folder, 0o700)
+    os.symlink(path, folder / "link.pkl")
+    with pytest.raises(OSError):
+        handoff.read(folder / "link.pkl")
+
+
+def _model_factory():
+    return torch.nn.Linear(2, 2)

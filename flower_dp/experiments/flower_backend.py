@@ -5,9 +5,9 @@ push-sum node, one Flower round per segment of ``run.eval_every`` iterations, sh
 Ray host actors, the network-average model evaluated by the server after every round.  It runs :data:`server_app`
 and the push-sum ClientApp with ``flwr run`` (:func:`flower_dp.flower_run.run_app`, Flower 1.42's replacement for
 ``run_simulation``); the config travels as a JSON file named in the run configuration, and the models and data
-registered in this process (:mod:`flower_dp.sources`, e.g. by :func:`flower_dp.train_private`) as a cloudpickle
-file beside it (private folder, read only by the simulation this call starts), installed by :data:`server_app` and
-:data:`client_app` before they build a node.  The strategy's run engine
+registered in this process (:mod:`flower_dp.sources`, e.g. by :func:`flower_dp.train_private`) as a
+:mod:`flower_dp.handoff` file beside it (a private folder, read only by the simulation this call starts), installed
+by :data:`server_app` and :data:`client_app` before they build a node.  The strategy's run engine
 writes ``results.json`` in the runner's layout (history rows with ``k``, ``bits_total``, the evaluation; per-node
 privacy; ``config``; ``info``), so reports and sweeps treat both backends alike.  Same seed and config with
 ``[run] reproducible = true`` -> the same numbers on CPU (by default every node's noise comes from its own secret).
@@ -48,9 +48,9 @@ def _install_sources(run_config) -> None:
     """Install the own models and data of ``sources-file`` in this process (once per file)."""
     path = str(run_config.get("sources-file", ""))
     if path and path not in _INSTALLED:
-        from ray import cloudpickle
+        from .. import handoff
 
-        sources.install(cloudpickle.loads(Path(path).read_bytes()))
+        sources.install(handoff.read(path))
         _INSTALLED[path] = True
 
 
@@ -117,9 +117,9 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     (work / "config.json").write_text(json.dumps(cfg.to_dict()))
     own = sources.snapshot()
     if own:
-        from ray import cloudpickle
+        from .. import handoff
 
-        (work / "sources.pkl").write_bytes(cloudpickle.dumps(own))
+        handoff.write(own, work / "sources.pkl")
     if (out / "results.json").is_file() and not resume:
         (out / "results.json").unlink()  # what is there afterwards is this run's
     run = run_app("flower_dp.experiments.flower_backend:server_app", "flower_dp.experiments.flower_backend:client_app",

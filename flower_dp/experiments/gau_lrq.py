@@ -300,7 +300,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         one is passed) and nonce (from the checkpoint); ends with exactly the numbers of an uninterrupted run.
     client_app : ClientApp or None
         Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.  With
-        ``backend="simulation"`` it travels to the SuperNodes as a cloudpickle file (its functions must be
+        ``backend="simulation"`` it travels to the SuperNodes as a :mod:`flower_dp.handoff` file (its functions must be
         importable there, or defined in ``__main__``).
     round_timeout_s : float
         How long the server waits for a round's replies (``backend="simulation"``); a client that has

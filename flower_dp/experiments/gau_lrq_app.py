@@ -8,7 +8,7 @@ processes and rebuild what they need from the run configuration, which holds pla
   the public inputs of :func:`~flower_dp.experiments.gau_lrq.run_inputs` (dataset, model, seed, ...);
 - ``lrq-secret-file``: the path of the file (mode 0600) holding the run secret; the clients' Gau-LRQ mod reads it,
   and so does the ServerApp when the strategy names no ``secret_file`` of its own;
-- ``client-app-file``: a caller's own ClientApp as a cloudpickle file, or empty for
+- ``client-app-file``: a caller's own ClientApp as a :mod:`flower_dp.handoff` file, or empty for
   :func:`~flower_dp.experiments.gau_lrq.make_client_app`;
 - ``results-file``: where the ServerApp writes ``GauLRQ.results()`` and whether ``start`` finished.
 
@@ -45,9 +45,9 @@ def _inner_app(run_config) -> ClientApp:
     key = pickled or secret_file
     if key not in _APPS:
         if pickled:
-            from ray import cloudpickle
+            from flower_dp import handoff
 
-            _APPS[key] = cloudpickle.loads(Path(pickled).read_bytes())
+            _APPS[key] = handoff.read(pickled)
         else:
             from .gau_lrq import make_client_app
 
@@ -101,14 +101,6 @@ def _plain(obj: Any) -> Any:
     raise TypeError(f"results hold a {type(obj).__name__} ({obj!r}), which JSON cannot carry")
 
 
-def _private_file(path: Path, data: bytes) -> str:
-    """Write ``data`` to a new file readable by its owner only (0600); returns its path."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return str(path)
-
-
 def simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: bytes | None,
              client_app: ClientApp | None, num_cpus: int, round_timeout_s: float) -> dict:
     """Run GauLRQ(**strategy_kwargs) for ``num_rounds`` on ``strategy_kwargs["num_clients"]`` simulated SuperNodes
@@ -117,10 +109,11 @@ def simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: by
     ``strategy_kwargs``: plain values (absolute paths for ``out_dir`` and ``secret_file``); without a
     ``secret_file`` the run secret is ``secret``, written to a 0600 file in a private folder for the apps to read.
     ``inputs``: the keyword arguments of :func:`~flower_dp.experiments.gau_lrq.run_inputs`.  ``client_app``: a
-    ClientApp of the caller's (it must use the Gau-LRQ mod), carried to the SuperNodes as a cloudpickle file;
-    None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises ``RuntimeError`` with the stop
-    reason and the end of Flower's output when the ServerApp did not finish.
+    ClientApp of the caller's (it must use the Gau-LRQ mod), carried to the SuperNodes as a
+    :mod:`flower_dp.handoff` file; None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises
+    ``RuntimeError`` with the stop reason and the end of Flower's output when the ServerApp did not finish.
     """
+    from flower_dp import handoff
     from flower_dp.flower_run import run_app
 
     from .flower_backend import _user_paths
@@ -131,13 +124,11 @@ def simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: by
         if strategy_kwargs["secret_file"] is not None:
             secret_file = str(strategy_kwargs["secret_file"])
         else:  # the apps read the secret from a file, never from the run config or a message
-            secret_file = _private_file(work / "lrq.secret", secret)
+            secret_file = handoff.private_file(work / "lrq.secret", secret)
             private.append(secret_file)
         pickled = ""
         if client_app is not None:
-            from ray import cloudpickle
-
-            pickled = _private_file(work / "client_app.pkl", cloudpickle.dumps(client_app))
+            pickled = handoff.write(client_app, work / "client_app.pkl")
             private.append(pickled)
         spec = {"strategy": strategy_kwargs, "inputs": inputs, "num_rounds": int(num_rounds),
                 "round_timeout_s": float(round_timeout_s)}
