@@ -1,6 +1,6 @@
 """The Flower app of :func:`flower_dp.experiments.gau_lrq.run_gau_lrq` with ``backend="simulation"``.
 
-:func:`simulate` runs :data:`server_app` and :data:`client_app` under ``flwr run`` on simulated SuperNodes
+``run_gau_lrq`` runs :data:`server_app` and :data:`client_app` under ``flwr run`` on simulated SuperNodes
 (:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1).  Both apps run in other
 processes and rebuild what they need from the run configuration, which holds plain values and paths only:
 
@@ -12,16 +12,13 @@ processes and rebuild what they need from the run configuration, which holds pla
   :func:`~flower_dp.experiments.gau_lrq.make_client_app`;
 - ``results-file``: where the ServerApp writes ``GauLRQ.results()`` and whether ``start`` finished.
 
-The files live in a private temporary folder (0700), read only by the run that :func:`simulate` starts; the secret
-file and the ClientApp's pickle are deleted when the run ends.
+The files live in a private temporary folder (0700), read only by the run that ``run_gau_lrq`` starts; the secret
+file and the ClientApp's hand-off file are deleted when the run ends.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-__all__ = ["client_app", "server_app", "simulate"]
+__all__ = ["client_app", "server_app"]
 
 #: the ServerApp: builds GauLRQ from ``spec-file`` and the secret file, runs it, writes ``results-file``
 server_app = ServerApp()
@@ -99,54 +96,3 @@ def _plain(obj: Any) -> Any:
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"results hold a {type(obj).__name__} ({obj!r}), which JSON cannot carry")
-
-
-def simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: bytes | None,
-             client_app: ClientApp | None, num_cpus: int, round_timeout_s: float) -> dict:
-    """Run GauLRQ(**strategy_kwargs) for ``num_rounds`` on ``strategy_kwargs["num_clients"]`` simulated SuperNodes
-    under ``flwr run``; return ``GauLRQ.results()`` of the run.
-
-    ``strategy_kwargs``: plain values (absolute paths for ``out_dir`` and ``secret_file``); without a
-    ``secret_file`` the run secret is ``secret``, written to a 0600 file in a private folder for the apps to read.
-    ``inputs``: the keyword arguments of :func:`~flower_dp.experiments.gau_lrq.run_inputs`.  ``client_app``: a
-    ClientApp of the caller's (it must use the Gau-LRQ mod), carried to the SuperNodes as a
-    :mod:`flower_dp.handoff` file; None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises
-    ``RuntimeError`` with the stop reason and the end of Flower's output when the ServerApp did not finish.
-    """
-    from flower_dp import handoff
-    from flower_dp.flower_run import run_app
-
-    from .flower_backend import _user_paths
-
-    work = Path(tempfile.mkdtemp(prefix="flower-dp-lrq-"))  # 0700: the secret and the ClientApp below
-    private = []
-    try:
-        if strategy_kwargs["secret_file"] is not None:
-            secret_file = str(strategy_kwargs["secret_file"])
-        else:  # the apps read the secret from a file, never from the run config or a message
-            secret_file = handoff.private_file(work / "lrq.secret", secret)
-            private.append(secret_file)
-        pickled = ""
-        if client_app is not None:
-            pickled = handoff.write(client_app, work / "client_app.pkl")
-            private.append(pickled)
-        spec = {"strategy": strategy_kwargs, "inputs": inputs, "num_rounds": int(num_rounds),
-                "round_timeout_s": float(round_timeout_s)}
-        (work / "spec.json").write_text(json.dumps(spec))
-        results_file = work / "results.json"
-        run = run_app("flower_dp.experiments.gau_lrq_app:server_app", "flower_dp.experiments.gau_lrq_app:client_app",
-                      num_supernodes=int(strategy_kwargs["num_clients"]), work_dir=work, timeout_s=None,
-                      pythonpath=_user_paths(), num_cpus=int(num_cpus),
-                      run_config={"spec-file": str(work / "spec.json"), "lrq-secret-file": secret_file,
-                                  "client-app-file": pickled, "results-file": str(results_file)})
-    finally:
-        for path in private:
-            Path(path).unlink(missing_ok=True)
-    doc = json.loads(results_file.read_text()) if results_file.is_file() else None
-    if doc is None or not doc["finished"]:
-        reason = "no results written" if doc is None else doc["results"]["stop_reason"]
-        raise RuntimeError(f"the Flower simulation ended without finishing the ServerApp (stop reason {reason!r}; "
-                           f"flwr run exited with {run.returncode}; Flower's files in {str(work)!r}); the end of its "
-                           f"output:\n{run.tail()}")
-    shutil.rmtree(work, ignore_errors=True)
-    return doc["results"]
