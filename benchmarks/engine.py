@@ -29,9 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+
+from flower_dp.flower_run import client_app_from_config
 
 from ._common import PeakSampler, current_rss_mb, missing
 
@@ -177,24 +179,20 @@ def _overhead_spec(n: int, J: int, batch: int, num_iters: int) -> dict:
                      topology="exp")
 
 
+def _bench_client(run_config) -> ClientApp:
+    from flower_dp.clients.push_sum_app import make_client_app, model_builder
+
+    J = int(run_config["samples-per-node"])
+    return make_client_app(model_builder(_shallow_cnn, functools.partial(_synthetic_data, J)))
+
+
 #: the ClientApp of the Flower runs below: the push-sum ClientApp with :func:`_shallow_cnn` and :func:`_synthetic_data`
 #: of ``samples-per-node`` samples (run configuration), made once per ClientApp process
-CLIENT = ClientApp()
+CLIENT = client_app_from_config(_bench_client, key=lambda rc: int(rc["samples-per-node"]))
 #: the ServerApp of the Flower runs below; run configuration: ``scenario`` ("interleaved": :func:`_flower_interleaved`,
 #: "cnn-point": :func:`_flower_cnn_point`), ``n``, ``samples-per-node``, ``batch``, ``iterations``, ``rounds``,
 #: ``threads``, ``root-pid`` (the process whose Ray workers are measured) and ``out-file`` (what it saw, JSON)
 SERVER = ServerApp()
-_CLIENT_APPS: dict[int, ClientApp] = {}
-
-
-@CLIENT.train()
-def _client_train(msg: Message, context: Context) -> Message:
-    from flower_dp.clients.push_sum_app import make_client_app, model_builder
-
-    J = int(context.run_config["samples-per-node"])
-    if J not in _CLIENT_APPS:
-        _CLIENT_APPS[J] = make_client_app(model_builder(_shallow_cnn, functools.partial(_synthetic_data, J)))
-    return _CLIENT_APPS[J](msg, context)
 
 
 @SERVER.main()

@@ -29,9 +29,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["COMPLETED", "FlwrRun", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
+__all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
 
 ConfigValue = bool | int | float | str
 
@@ -304,3 +304,24 @@ def run_app(server_app: str, client_app: str, *, num_supernodes: int, work_dir: 
                   f"client-resources-num-gpus={float(client_num_gpus)}")
     return flwr_run(app, work_dir, federation_config=federation, timeout_s=timeout_s, pythonpath=pythonpath,
                     num_cpus=num_cpus)
+
+
+def client_app_from_config(build: Callable[[Mapping[str, Any]], Any],
+                           key: Callable[[Mapping[str, Any]], Hashable] = lambda run_config: None) -> Any:
+    """A ClientApp, importable by reference, that hands every train, evaluate and query message to the ClientApp
+    ``build(run_config)``: made on a process's first message, again only for a run configuration of another
+    ``key(run_config)``.  For an app whose ClientApp depends on the run (files named in its configuration)."""
+    from flwr.clientapp import ClientApp
+
+    app, made = ClientApp(), {}
+
+    def handle(msg, context):
+        k = key(context.run_config)
+        if k not in made:
+            made[k] = build(context.run_config)
+        return made[k](msg, context)
+
+    app.train()(handle)
+    app.evaluate()(handle)
+    app.query()(handle)
+    return app

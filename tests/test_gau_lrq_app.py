@@ -8,8 +8,8 @@ The simulation itself: tests/test_gau_lrq_flower.py.
 
 from __future__ import annotations
 
-import pytest
 from flwr.clientapp import ClientApp
+
 from flower_dp import handoff
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.experiments import gau_lrq_app
@@ -33,14 +33,7 @@ def _results(app: ClientApp, run_config: dict) -> dict:
     return strategy.results()
 
 
-@pytest.fixture(autouse=True)
-def _fresh_apps():
-    gau_lrq_app._APPS.clear()
-    yield
-    gau_lrq_app._APPS.clear()
-
-
-def test_a_pickled_client_app_runs_as_the_original(tmp_path):
+def test_a_pickled_client_app_runs_as_the_original(tmp_path, monkeypatch):
     """``client-app-file``: the module-level ClientApp loads the caller's ClientApp from its hand-off file and the
     run gives exactly the numbers of the original app; the secret file is not read for it."""
     own = ClientApp(mods=[make_gau_lrq_mod(secret=reproducible_secret(0))])
@@ -49,11 +42,13 @@ def test_a_pickled_client_app_runs_as_the_original(tmp_path):
     folder.mkdir(mode=0o700)
     pickled = handoff.write(own, folder / "client_app.pkl")
     want = _results(own, {})
+    reads = []
+    monkeypatch.setattr(handoff, "read", lambda path, _read=handoff.read: reads.append(path) or _read(path))
     got = _results(gau_lrq_app.client_app,
                    {"client-app-file": str(pickled), "lrq-secret-file": str(tmp_path / "no-such-file")})
     assert got["stop_reason"] == "completed" and got["rounds_completed"] == 2
     assert got == want
-    assert list(gau_lrq_app._APPS) == [pickled]  # loaded once for all nodes and rounds
+    assert reads == [pickled]  # loaded once for all nodes and rounds
 
 
 def test_without_a_client_app_file_the_clients_run_make_client_app_on_the_secret_file(tmp_path):

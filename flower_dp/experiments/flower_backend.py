@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from .. import results as rio
 from .. import sources
+from ..flower_run import client_app_from_config, run_app
 from ..recorder import FAILED, RUNNING
 from .config import ExperimentConfig, config_from_dict
 
@@ -38,30 +39,27 @@ __all__ = ["run_flower_experiment", "server_app", "client_app"]
 #: JSON), ``sources-file`` (the own models and data, or empty), ``out-dir``, ``num-hosts``, ``num-gpus-per-host``,
 #: ``timeout-s``, ``resume``, ``started-at`` (Unix time)
 server_app = ServerApp()
-#: the push-sum ClientApp (:func:`flower_dp.clients.push_sum_app.make_client_app`), made in each ClientApp process
-#: once the own models and data of ``sources-file`` are installed there
-client_app = ClientApp()
-_INSTALLED: dict[str, object] = {}
 
 
 def _install_sources(run_config) -> None:
-    """Install the own models and data of ``sources-file`` in this process (once per file)."""
+    """Install the own models and data of ``sources-file`` (if any) in this process."""
     path = str(run_config.get("sources-file", ""))
-    if path and path not in _INSTALLED:
+    if path:
         from .. import handoff
 
         sources.install(handoff.read(path))
-        _INSTALLED[path] = True
 
 
-@client_app.train()
-def _client_train(msg: Message, context: Context) -> Message:
-    _install_sources(context.run_config)
-    if "app" not in _INSTALLED:
-        from ..clients.push_sum_app import make_client_app
+def _push_sum_client(run_config) -> ClientApp:
+    from ..clients.push_sum_app import make_client_app
 
-        _INSTALLED["app"] = make_client_app()
-    return _INSTALLED["app"](msg, context)
+    _install_sources(run_config)  # before the app: it takes the registered sources with it
+    return make_client_app()
+
+
+#: the push-sum ClientApp (:func:`flower_dp.clients.push_sum_app.make_client_app`), made in each ClientApp process
+#: once the own models and data of ``sources-file`` are installed there
+client_app = client_app_from_config(_push_sum_client, key=lambda rc: str(rc.get("sources-file", "")))
 
 
 @server_app.main()
@@ -107,8 +105,6 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     ``resume=None`` resumes when ``out_dir`` already holds a checkpoint of this config.  ``timeout_s``: how long a
     segment may take; ``run_timeout_s``: how long the whole ``flwr run`` may take (``None``: no bound).
     """
-    from ..flower_run import run_app
-
     out = rio.ensure_writable_dir(out_dir).resolve()
     prev = rio.read_json(out / "results.json")
     if resume is None:

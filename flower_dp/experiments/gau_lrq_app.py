@@ -22,49 +22,34 @@ import json
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context, Message
+from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
+
+from flower_dp.flower_run import client_app_from_config
 
 __all__ = ["client_app", "server_app"]
 
 #: the ServerApp: builds GauLRQ from ``spec-file`` and the secret file, runs it, writes ``results-file``
 server_app = ServerApp()
-#: the ClientApp: ``client-app-file``'s ClientApp, or :func:`~flower_dp.experiments.gau_lrq.make_client_app` bound
-#: to ``lrq-secret-file``; made once per process
-client_app = ClientApp()
-_APPS: dict[str, ClientApp] = {}
 
 
 def _inner_app(run_config) -> ClientApp:
-    """The ClientApp this run's SuperNodes run (made once per process and file)."""
-    pickled, secret_file = str(run_config.get("client-app-file", "")), str(run_config["lrq-secret-file"])
-    key = pickled or secret_file
-    if key not in _APPS:
-        if pickled:
-            from flower_dp import handoff
+    """The ClientApp this run's SuperNodes run: the caller's, or ``make_client_app`` on the secret file."""
+    pickled = str(run_config.get("client-app-file", ""))
+    if pickled:
+        from flower_dp import handoff
 
-            _APPS[key] = handoff.read(pickled)
-        else:
-            from .gau_lrq import make_client_app
+        return handoff.read(pickled)
+    from .gau_lrq import make_client_app
 
-            _APPS[key] = make_client_app(secret_file)
-    return _APPS[key]
+    return make_client_app(str(run_config["lrq-secret-file"]))
 
 
-@client_app.train()
-def _client_train(msg: Message, context: Context) -> Message:
-    return _inner_app(context.run_config)(msg, context)
-
-
-@client_app.evaluate()
-def _client_evaluate(msg: Message, context: Context) -> Message:
-    return _inner_app(context.run_config)(msg, context)
-
-
-@client_app.query()
-def _client_query(msg: Message, context: Context) -> Message:
-    return _inner_app(context.run_config)(msg, context)
+#: the ClientApp: ``client-app-file``'s ClientApp, or :func:`~flower_dp.experiments.gau_lrq.make_client_app` bound
+#: to ``lrq-secret-file``; made once per process and file
+client_app = client_app_from_config(
+    _inner_app, key=lambda rc: str(rc.get("client-app-file", "")) or str(rc["lrq-secret-file"]))
 
 
 @server_app.main()
