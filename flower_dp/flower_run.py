@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "ray_head", "run_app", "sigterm_raises", "write_app"]
+__all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "ray_head",
+           "run_app", "sigterm_raises", "write_app"]
 
 ConfigValue = bool | int | float | str
 

@@ -1,8 +1,8 @@
 """The ClientApp of ``run_gau_lrq(backend="simulation")`` (:mod:`flower_dp.experiments.gau_lrq_app`), in-process.
 
 The simulation's SuperNodes run the module-level ``client_app``, which runs either the caller's ClientApp carried as
-a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both must answer as
-the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
+a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both
+must answer as the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
 The simulation itself: tests/test_gau_lrq_flower.py.
 """
 
