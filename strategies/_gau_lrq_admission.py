@@ -1,12 +1,14 @@
 """Who takes part in a Gau-LRQ round, and what they are sent: :class:`RoundAdmission`, a mixin of
 :class:`flower_dp.strategies.GauLRQ`.
 
-Every round draws exactly B of the N clients uniformly without replacement, keyed by the run secret (the adversary
-cannot know the sample); each sampled client's decoded update carries its own N(0, sigma^2 I), so the sum carries
+Every round draws exactly B of the N clients uniformly without replacement, keyed by the server's own stream (a
+derivation of the master secret that no client key reveals, so no client can know the sample); each sampled
+client's decoded update carries its own N(0, sigma^2 I), so the sum carries
 N(0, (z S2)^2 I) exactly because the sample size is fixed (the accountant, :mod:`flower_dp.privacy.gau_lrq`, charges
 B-of-N sampling under replace-one client adjacency).  Before a round is sent its privacy is checked against the
 budget, exactly N SuperNodes must be connected, and every node must have answered the probe of ``gau_lrq_mod``
-with this run's secret, so that a ClientApp without the mod never receives the model.
+with a keyed hash of ITS OWN key (not the master secret, not another client's key), so that a ClientApp without
+the mod never receives the model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 
 from flower_dp._checks import check_int
-from flower_dp.mechanisms.gau_lrq_codec import KEYS, META_KEY, PARTITION_META, PROBE_KEY, PROBE_TAG_META, probe_tag
+from flower_dp.errors import DecodeError
+from flower_dp.mechanisms.gau_lrq_codec import (EXPORT_HINT, KEYS, META_KEY, PARTITION_META, PROBE_KEY, PROBE_TAG_META,
+                                                ClientKey, client_key, client_run_key, probe_tag,
+                                                unpack_partition_id)
 
 from . import flower_privacy as fp
 from ._grid import exchange
@@ -71,7 +76,9 @@ class RoundAdmission:
                          "names": list(arrays.keys()), "eps": eps_after, "event": event}
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})
         msgs = [Message(content=record, message_type=MessageType.TRAIN, dst_node_id=n) for n in sampled]
-        self._pending["downlink"] = sum(message_bytes(m) for m in msgs)
+        # the records each message carries, B times: the routing metadata (the destination node id, a varint) is
+        # left out so that no count depends on which nodes were sampled
+        self._pending["downlink"] = len(msgs) * message_bytes(record)
         return msgs
 
     def _wait_for_nodes(self, grid: Grid) -> list[int]:
@@ -105,12 +112,14 @@ class RoundAdmission:
         return ids
 
     def _probe(self, grid: Grid, node_ids: list[int], server_round: int) -> None:
-        """Confirm, before any train message carries the model, that every node runs ``gau_lrq_mod`` with this
-        run's secret and its own partition id in [0, N).
+        """Confirm, before any train message carries the model, that every node runs ``gau_lrq_mod`` with its own
+        key and its own partition id in [0, N).
 
-        The probe is a train message holding only a ConfigRecord (no model); the mod answers it itself.  A
-        ClientApp without the mod passes it to the user's train function, which finds no model in it: its
-        reply (usually an error) is discarded unread and the run stops with a ``RuntimeError`` naming the nodes.
+        The probe is a train message holding only a ConfigRecord (no model); the mod answers it itself with a keyed
+        hash of its run key (:func:`~flower_dp.mechanisms.gau_lrq_codec.probe_tag`).  A node whose answer was made
+        with the master secret or with another client's key is refused, named, with the fix.  A ClientApp without the
+        mod passes the probe to the user's train function, which finds no model in it: its reply (usually an error)
+        is discarded unread and the run stops with a ``RuntimeError`` naming the nodes.
         """
         todo = [n for n in node_ids if int(n) not in self._probed]
         if not todo:
@@ -132,24 +141,43 @@ class RoundAdmission:
             if PROBE_TAG_META not in meta or PARTITION_META not in meta:
                 problems.append(f"node {n}: replied without gau_lrq_mod's answer (records {list(m.content.keys())})")
                 continue
-            pid = int(meta[PARTITION_META])
+            try:
+                pid = unpack_partition_id(meta[PARTITION_META])
+            except DecodeError as exc:
+                problems.append(f"node {n}: {exc}")
+                continue
             if not 0 <= pid < self.N or pid in pids:
                 problems.append(f"node {n}: partition-id {pid}, got it twice or outside [0, {self.N})")
-            elif meta[PROBE_TAG_META] != probe_tag(self._run_key, pid):
-                problems.append(f"node {n} (partition {pid}): holds another run secret than the server")
+            elif meta[PROBE_TAG_META] != probe_tag(self._client_run_key(pid), pid):
+                problems.append(f"node {n} (partition {pid}): {self._wrong_key(pid, str(meta[PROBE_TAG_META]))}")
             pids[pid] = n
         if problems:
             raise RuntimeError(
                 f"GauLRQ: {len(problems)} of {len(todo)} ClientApps cannot take part (checked before any model was "
                 f"sent): {'; '.join(problems[:5])}{' ...' if len(problems) > 5 else ''}. Every ClientApp needs "
-                "ClientApp(mods=[gau_lrq_mod]) and the server's run secret file (run config 'lrq-secret-file'); "
-                "without the mod a client would send its weights in the clear")
+                "ClientApp(mods=[gau_lrq_mod]) and its own key file, derived from the server's master secret "
+                "(GauLRQ(key_dir=...) with run config 'lrq-key-dir', or flower-dp lrq-keys); without the mod a client "
+                "would send its weights in the clear")
         self._probed.update(int(n) for n in todo)
 
+    def _wrong_key(self, pid: int, tag: str) -> str:
+        """What a probe answer that is not client ``pid``'s was made with: the master secret used as a key, another
+        client's key, or a key of another master secret."""
+        nonce = self.stream_nonce
+        if tag == probe_tag(client_run_key(ClientKey(pid, self._secret), nonce), pid):
+            return ("presents the server's master secret as its key; a client holding it could re-derive every "
+                    f"other client's noise and the sample: this is the server's master secret; {EXPORT_HINT}")
+        for j in range(self.N):
+            other = ClientKey(pid, client_key(self._secret, j).key)  # client j's key under this node's id
+            if j != pid and tag == probe_tag(client_run_key(other, nonce), pid):
+                return f"holds client {j}'s key, not its own; every client holds only its own key; {EXPORT_HINT}"
+        return ("holds a key that is not derived from this server's master secret (another secret, or a key file of "
+                f"another deployment); {EXPORT_HINT}")
+
     def _sample(self, k: int, node_ids: list[int]) -> list[int]:
-        """B of the N nodes, uniformly without replacement, keyed by the run secret (hidden from the adversary)."""
-        seed = int.from_bytes(hashlib.sha256(b"flower_dp.gau_lrq.sample\x00" + self._run_key + k.to_bytes(8, "little"))
-                              .digest(), "little")
+        """B of the N nodes, uniformly without replacement, keyed by the server's own stream (no client knows it)."""
+        seed = int.from_bytes(hashlib.sha256(b"flower_dp.gau_lrq.sample\x00" + self._server_key
+                                             + k.to_bytes(8, "little")).digest(), "little")
         rng = np.random.default_rng(seed)
         ids = sorted(int(n) for n in node_ids)  # node ids are uint64: sample positions, not values
         return sorted(ids[int(i)] for i in rng.choice(len(ids), size=self.B, replace=False))

@@ -1,12 +1,15 @@
 """Decoding and averaging one Gau-LRQ round on the server: :class:`RoundAggregation`, a mixin of
 :class:`flower_dp.strategies.GauLRQ`.
 
-Each sampled client's reply is decoded (Eq. 12) with the round's key; the decoded updates are averaged with weight
+Each sampled client's reply is decoded (Eq. 12) with that client's run key (derived from the master secret); the decoded updates are averaged with weight
 1/B and applied to theta.  A sampled client that failed (an error reply, or none) is dropped from the average
 without touching the others' decoding; the trusted server then adds N(0, sigma^2 I) per dropped client from its own
-keyed stream, so the released sum is still "B vectors of norm <= S2 (0 for the dropped) + N(0, B sigma^2 I)", the
+stream (no client key reveals it), so the released sum is still "B vectors of norm <= S2 (0 for the dropped) + N(0, B sigma^2 I)", the
 mechanism the accountant charged.  A reply that does not decode (wrong stream, tampering) raises ``DecodeError``:
 it is never silently averaged or dropped.
+
+Log records at INFO and above name no sampled or failed node or partition: only counts (those ids would reveal part
+of the hidden sample to whoever reads the logs).  The ids go to DEBUG records, which are the server's own view.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Iterable
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -23,7 +26,7 @@ from flwr.common import log
 
 from flower_dp.errors import DecodeError
 from flower_dp.mechanisms.gau_lrq_codec import (META_KEY, PARTITION_META, PAYLOAD_KEY, decode_update, payload_bytes,
-                                                public_bits)
+                                                public_bits, unpack_partition_id)
 from flower_dp.mechanisms.lrq import lrq_key
 
 from . import flower_privacy as fp
@@ -69,12 +72,17 @@ class RoundAggregation:
         return ArrayRecord({n: _array(v) for n, v in new.items()}), metrics
 
     def _note_failures(self, server_round: int, replies: list[Message], valid: list[Message]) -> None:
-        """Log the error replies; stop after ``max_failed_rounds`` consecutive rounds where every client failed."""
+        """Log the error replies (a count at WARNING; node ids only at DEBUG, the server's own view: they would reveal
+        part of the hidden sample); stop after ``max_failed_rounds`` consecutive rounds where every client failed."""
         log(INFO, "aggregate_train: Received %s results and %s failures", len(valid), len(replies) - len(valid))
-        for m in replies:
-            if m.has_error():
-                log(WARNING, "GauLRQ round %d: node %d replied with an error, dropped from the average: %s",
-                    server_round, m.metadata.src_node_id, m.error.reason)
+        errors = [m for m in replies if m.has_error()]
+        if errors:
+            log(WARNING, "GauLRQ round %d: %d sampled client(s) replied with an error and are dropped from the average "
+                "(their node ids at DEBUG only: they would reveal part of the hidden sample); an error: %s",
+                server_round, len(errors), errors[0].error.reason)
+        for m in errors:
+            log(DEBUG, "GauLRQ round %d: node %d replied with an error: %s", server_round, m.metadata.src_node_id,
+                m.error.reason)
         self._failed_streak = self._failed_streak + 1 if (replies and not valid) else 0
         if self._failed_streak >= self.max_failed_rounds:
             reason = next(m.error.reason for m in replies if m.has_error())
@@ -98,25 +106,28 @@ class RoundAggregation:
         for m in valid:
             src = int(m.metadata.src_node_id)
             if src not in sampled:
-                raise DecodeError(f"round {server_round}: a reply came from node {src}, got it although only nodes "
-                                  f"{sorted(sampled)} were sampled; replies must answer this round's train messages")
+                raise DecodeError(f"round {server_round}: a reply came from node {src}, which was not sampled; "
+                                  "replies must answer this round's train messages")
             meta = dict(m.content[META_KEY]) if META_KEY in m.content else {}
             if PAYLOAD_KEY not in m.content or PARTITION_META not in meta:
-                raise DecodeError(f"reply from node {src} has no Gau-LRQ payload, got records "
+                raise DecodeError(f"round {server_round}: a sampled client's reply has no Gau-LRQ payload, got records "
                                   f"{list(m.content.keys())}; add gau_lrq_mod to the ClientApp's mods")
-            pid = int(meta.pop(PARTITION_META))
+            pid = unpack_partition_id(meta.pop(PARTITION_META))
             if pid in seen or not 0 <= pid < self.N:
-                raise DecodeError(f"node {src} claims partition-id {pid}, got it twice or outside "
-                                  f"[0, {self.N}); every SuperNode needs its own partition id")
+                log(DEBUG, "GauLRQ round %d: node %d claims partition-id %d", server_round, src, pid)
+                raise DecodeError(f"round {server_round}: a sampled client claims a partition-id twice or outside "
+                                  f"[0, {self.N}) (the node at DEBUG); every SuperNode needs its own partition id")
             seen[pid] = src
             arrays = m.content[PAYLOAD_KEY]
             payload = {name: a.numpy() for name, a in arrays.items()}
             try:
-                hat = decode_update(payload, meta, p["spec"], lrq_key(self._run_key, p["k"], pid))
+                hat = decode_update(payload, meta, p["spec"], lrq_key(self._client_run_key(pid), p["k"], pid))
             except DecodeError as exc:
-                raise DecodeError(f"round {server_round}, node {src} (partition {pid}): {exc}") from exc
+                log(DEBUG, "GauLRQ round %d: node %d (partition %d) does not decode", server_round, src, pid)
+                raise DecodeError(f"round {server_round}: a sampled client's reply does not decode with its "
+                                  f"partition's key (node and partition at DEBUG): {exc}") from exc
             if hat.shape != (d,):
-                raise DecodeError(f"decoded update of partition {pid} has shape {hat.shape}, expected ({d},)")
+                raise DecodeError(f"a decoded update has shape {hat.shape}, expected ({d},)")
             total += hat
             payload_total += payload_bytes(arrays.values())
             carried += message_bytes(arrays, m.content[META_KEY])  # the Gau-LRQ records only
@@ -165,8 +176,8 @@ class RoundAggregation:
                 "train_metrics": None if metrics is None else dict(metrics)}
 
     def _dropout_rng(self, k: int) -> np.random.Generator:
-        """The server's own stream for round k's dropout noise (keyed by the run secret, so hidden and reproducible)."""
-        seed = hashlib.sha256(b"flower_dp.gau_lrq.dropout\x00" + self._run_key + k.to_bytes(8, "little")).digest()
+        """The server's own stream for round k's dropout noise (no client key reveals it; reproducible on resume)."""
+        seed = hashlib.sha256(b"flower_dp.gau_lrq.dropout\x00" + self._server_key + k.to_bytes(8, "little")).digest()
         return np.random.Generator(np.random.Philox(int.from_bytes(seed, "little")))
 
 

@@ -1,22 +1,21 @@
 """The record of a Gau-LRQ run: :class:`RunRecord`, a mixin of :class:`flower_dp.strategies.GauLRQ`.
 
 What a run publishes (``results()``: config without the secret, per-round records, totals, the privacy spent) and
-what its checkpoint holds (theta, the per-round records, the public stream nonce and a one-way tag of the secret;
-never the secret), both written after every round through :func:`flower_dp.engine.save_round`.  ``resume=True``
-continues from the checkpoint: client sampling, streams and dropout noise are keyed by the run secret and the public
-nonce, so the resumed run repeats the uninterrupted one exactly.
+what its checkpoint holds (theta, the per-round records, the public stream nonce and a one-way tag of the server's
+run key; never a secret or a key), both written after every round through :func:`flower_dp.engine.save_round`.
+``resume=True`` continues from the checkpoint: client sampling, the clients' streams and the dropout noise are keyed
+by derivations of the master secret and the public nonce, so the resumed run repeats the uninterrupted one exactly.
 """
 
 from __future__ import annotations
 
-import hashlib
 
 from flwr.app import ArrayRecord, MetricRecord
 from flwr.serverapp.strategy import Result
 
 from flower_dp.engine import save_round, with_status
 from flower_dp.errors import CheckpointError
-from flower_dp.mechanisms.gau_lrq_codec import PAPER_NAMES, run_key
+from flower_dp.mechanisms.gau_lrq_codec import PAPER_NAMES, run_key_check
 from flower_dp.rng import noise_record
 
 from ._gau_lrq_aggregate import _array
@@ -24,9 +23,10 @@ from ._gau_lrq_aggregate import _array
 __all__ = ["RunRecord", "GAU_LRQ_SECRET_NOTE", "not_gau_lrq", "other_settings"]
 
 #: ``results()["noise"]["note"]`` of a run keyed by a secret (the default)
-GAU_LRQ_SECRET_NOTE = ("client sampling, the LRQ streams and the Gaussian noise are keyed by a run secret that only the "
-                       "server and the clients hold (trusted server) and a fresh random nonce per run; the seed keys "
-                       "only public randomness (initial model, client data, local minibatches)")
+GAU_LRQ_SECRET_NOTE = ("client sampling and the server's dropout noise are keyed by the server's master secret, each "
+                       "client's LRQ layers and noise by its own key (derived from the master secret; only that client "
+                       "and the trusted server hold it), with a fresh random nonce per run; the seed keys only public "
+                       "randomness (initial model, client data, local minibatches)")
 
 
 class RunRecord:
@@ -53,8 +53,8 @@ class RunRecord:
                 "layer_dtype": self.layer_dtype, "z": None if self.schedule is None else self.schedule.noise_multiplier.tolist()}
 
     def _secret_check(self) -> str:
-        """A one-way tag of the run key: tells a resume with another secret apart (not the secret; checkpoint only)."""
-        return hashlib.sha256(b"flower_dp.gau_lrq.secret-check\x00" + self._run_key).hexdigest()[:16]
+        """A one-way tag of the server's run key: tells a resume with another master secret apart (checkpoint only)."""
+        return run_key_check(self._server_key)
 
     def _identity(self) -> dict:
         """What a checkpoint must match to be resumed (the recorder stores it first and compares it)."""
@@ -72,7 +72,7 @@ class RunRecord:
             raise CheckpointError(f"cannot resume: stream_nonce {self.stream_nonce!r} differs from the checkpoint's "
                                   f"{ck['stream_nonce']!r}; leave stream_nonce unset when resuming")
         self.stream_nonce = ck["stream_nonce"]
-        self._run_key = run_key(self._secret, self.stream_nonce)
+        self._set_run_keys()
         if self._secret_check() != ck["secret_check"]:
             raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the run secret differs from the one of the "
                                   "checkpointed run; use the same secret file")
@@ -119,7 +119,7 @@ class RunRecord:
                           "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau,
                           "calibration": self.calibration, "noise_multiplier": self._fixed_noise_multiplier,
                           "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
-                          "stream_nonce": self.stream_nonce},
+                          "key_dir": self.key_dir, "stream_nonce": self.stream_nonce},
                "run": self.run_info,
                "noise": noise_record(self.reproducible, note=None if self.reproducible else GAU_LRQ_SECRET_NOTE),
                "privacy": None if sch is None else {

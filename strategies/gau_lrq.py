@@ -35,8 +35,9 @@ from flwr.common import log
 from flwr.serverapp.strategy import FedAvg
 
 from flower_dp._checks import check_choice, check_delta, check_epsilon, check_int, check_positive
-from flower_dp.mechanisms.gau_lrq_codec import (METHODS, PAPER_NAMES, SECRET_RUN_CONFIG, RoundSpec, create_secret_file,
-                                                load_secret, run_key)
+from flower_dp.mechanisms.gau_lrq_codec import (KEY_DIR_RUN_CONFIG, METHODS, PAPER_NAMES, RoundSpec, client_key,
+                                                client_run_key, create_secret_file, load_secret, server_run_key,
+                                                write_client_keys)
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
 from flower_dp.recorder import RunRecorder
 
@@ -70,14 +71,15 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
     Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
     arguments (FedAvg's ten, positional or keyword, come first in FedAvg's order; GauLRQ's own are keyword-only),
     and add the mod to the ClientApp.  Before the first train message carries the model, GauLRQ sends every node a
-    probe that only ``gau_lrq_mod`` answers (with a keyed hash of the run secret) and stops with a ``RuntimeError``
-    naming the nodes that do not, so a ClientApp without the mod never sends its weights.  FedAvg's arguments mean
+    probe that only ``gau_lrq_mod`` answers (with a keyed hash of that client's own key) and stops with a
+    ``RuntimeError`` naming the nodes that do not (or that hold the master secret or another client's key), so a
+    ClientApp without the mod never sends its weights.  FedAvg's arguments mean
     here:
 
     - ``fraction_train`` / ``min_train_nodes``: honoured as FedAvg would with N connected nodes: when
       ``clients_per_round`` is not given, B = ``max(int(N * fraction_train), min_train_nodes)`` (FedAvg's
       defaults 1.0 and 2 give B = N).  GauLRQ then samples exactly these B every round, uniformly without
-      replacement and keyed by the run secret (the sampling its accountant charges).  Values that contradict
+      replacement and keyed by the server's own stream (the sampling its accountant charges).  Values that contradict
       ``clients_per_round``, or a ``min_available_nodes`` above N, raise one ``ValueError`` naming the
       equivalent GauLRQ setting.
     - ``min_available_nodes``: GauLRQ needs exactly N SuperNodes, which meets any value <= N: a different count
@@ -125,11 +127,17 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         returns), so ``max_epsilon`` and ``epsilon`` mean the same; Flower's RDP figure for the same releases,
         never below it, is reported beside it (``eps_flower``).  Accepted configurations and what each computes:
         the table in :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).
-    secret, secret_file : the run secret (bytes >= 16) or the path of the file holding it, shared with every
-        ClientApp's mod (see :mod:`flower_dp.clients.lrq_mod`).  A ``secret_file`` that does not exist is created
-        (32 random bytes from the OS, mode 0600, folders included) and its path logged as a WARNING: the mods must
-        read that same file (run config ``"lrq-secret-file"``).  An existing file readable or writable by group or
-        others raises ``ValueError`` (path, mode, ``chmod 600``); so does one shorter than 16 bytes.
+    secret, secret_file : the server's master secret (bytes >= 16) or the path of the file holding it; it never
+        leaves the server.  Client i's key is derived from it (HMAC-SHA256 of the master and i,
+        :func:`~flower_dp.mechanisms.gau_lrq_codec.client_key`) and each client holds only its own; the B-of-N sample
+        and the server's noise come from a third derivation no client key reveals.  A ``secret_file`` that does not
+        exist is created (32 random bytes from the OS, mode 0600, folders included) and its path logged as a
+        WARNING.  An existing file readable or writable by group or others raises ``ValueError`` (path, mode,
+        ``chmod 600``); so does one shorter than 16 bytes, or a client's key file.
+    key_dir : path or None, a folder (created mode 0700) where GauLRQ writes one key file per client,
+        ``client-<i>.key`` (mode 0600), when it is built: a simulation's mods read their own file from it (run config
+        ``"lrq-key-dir"``, :mod:`flower_dp.clients.lrq_mod`).  On the deployment engine export each SuperNode's
+        file with ``flower-dp lrq-keys`` instead and give it only its own (docs/flower.md).
     node_wait_s : float, default 30: on the deployment engine, how long to wait for exactly ``num_clients``
         SuperNodes before a ``ValueError``; in simulation a mismatch fails at once.
     server_lr : float, server step on the average (paper: 1).
@@ -175,7 +183,8 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
                  clip: float | None = None, num_rounds: int | None = None, epsilon: float | None = None,
                  delta: float | None = None, method: str = "lrq", tau: float = 1.0,
                  noise_multiplier: float | None = None, calibration: str = "rigorous", accountant=None,
-                 secret: bytes | None = None, secret_file: str | None = None, server_lr: float = 1.0, bq_bits: int = 4,
+                 secret: bytes | None = None, secret_file: str | None = None, key_dir: str | Path | None = None,
+                 server_lr: float = 1.0, bq_bits: int = 4,
                  layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
                  stream_nonce: str | None = None, resume: bool = False, run_info: dict | None = None,
                  debug_metrics: bool = False, reproducible: bool = False, max_failed_rounds: int = 3,
@@ -215,7 +224,7 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         if self.resume and out_dir is None:
             raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt), got out_dir=None")
         self.run_info = dict(run_info or {})
-        self._take_secret(secret, secret_file, stream_nonce)
+        self._take_secret(secret, secret_file, stream_nonce, key_dir)
         self.node_wait_s = check_positive("node_wait_s", node_wait_s)
         self._probed: set[int] = set()
         self._probe_timeout = 3600.0  # start() sets its round timeout
@@ -256,20 +265,37 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         return (cfg.population_size if num_clients is None else num_clients,
                 cfg.max_epsilon if epsilon is None else epsilon, cfg.target_delta if delta is None else delta)
 
-    def _take_secret(self, secret: bytes | None, secret_file: str | None, stream_nonce: str | None) -> None:
-        """The run secret (from ``secret`` or ``secret_file``, created when missing), the public per-run nonce and
-        the run key both derive the streams from."""
+    def _take_secret(self, secret: bytes | None, secret_file: str | None, stream_nonce: str | None,
+                     key_dir: str | Path | None) -> None:
+        """The master secret (from ``secret`` or ``secret_file``, created when missing), the public per-run nonce, the
+        server's own run key and, with ``key_dir``, one key file per client."""
         self._nonce_given = stream_nonce is not None
         if secret is None and secret_file is not None:
             path, created = create_secret_file(secret_file)
             if created:
-                log(WARNING, "GauLRQ: created the run secret file %s (32 random bytes, mode 0600); every ClientApp's "
-                    "gau_lrq_mod must read this same file (run config '%s')", path, SECRET_RUN_CONFIG)
-        self._secret = load_secret(secret, secret_file)  # never logged or saved
+                log(WARNING, "GauLRQ: created the master secret file %s (32 random bytes, mode 0600); it stays with "
+                    "the server: each client gets only its own key (key_dir=, or flower-dp lrq-keys)", path)
+        self._secret = load_secret(secret, secret_file)  # never logged or saved, never sent
         self.secret_file = None if secret_file is None else str(secret_file)
         # public per-run nonce: two runs sharing a secret never reuse a stream (§2.4 rule 1)
         self.stream_nonce = os.urandom(8).hex() if stream_nonce is None else str(stream_nonce)
-        self._run_key = run_key(self._secret, self.stream_nonce)
+        self._set_run_keys()
+        self.key_dir = None if key_dir is None else str(write_client_keys(self._secret, self.N, key_dir))
+        if self.key_dir is not None:
+            log(INFO, "GauLRQ: wrote one key file per client (client-<i>.key, mode 0600) into %s; each ClientApp's "
+                "gau_lrq_mod reads only its own (run config '%s')", self.key_dir, KEY_DIR_RUN_CONFIG)
+
+    def _set_run_keys(self) -> None:
+        """The server's own run key (sample, dropout noise) of this nonce; the clients' run keys are derived lazily."""
+        self._server_key = server_run_key(self._secret, self.stream_nonce)
+        self._client_keys: dict[int, bytes] = {}
+
+    def _client_run_key(self, partition_id: int) -> bytes:
+        """Client ``partition_id``'s run key (what its mod derives from its own key file and the nonce)."""
+        pid = int(partition_id)
+        if pid not in self._client_keys:
+            self._client_keys[pid] = client_run_key(client_key(self._secret, pid), self.stream_nonce)
+        return self._client_keys[pid]
 
     def _plan(self, num_rounds: int) -> None:
         """Fix K and the noise schedule (calibrated to ``epsilon`` over K rounds, or the fixed z)."""

@@ -45,7 +45,7 @@ from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
 from flower_dp.results import ensure_writable_dir, write_json
 from flower_dp.privacy.gau_lrq import client_level_epsilon
-from flower_dp.mechanisms.gau_lrq_codec import create_secret_file
+from flower_dp.mechanisms.gau_lrq_codec import KEY_DIR_RUN_CONFIG, create_secret_file
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 __all__ = ["METHODS", "SIX_METHODS", "run_gau_lrq", "run_table", "resolve_method", "InProcessGrid", "train",
@@ -124,7 +124,7 @@ def evaluate(model: torch.nn.Module, dataset: str, n: int) -> tuple[float, float
 
 
 def seed_for(seed: int, pid: int, rnd: int) -> int:
-    """The local-training seed of client ``pid`` in round ``rnd`` (public; the LRQ streams use the secret)."""
+    """The local-training seed of client ``pid`` in round ``rnd`` (public; the LRQ streams use the client's key)."""
     return int(np.random.SeedSequence([seed, pid, rnd]).generate_state(1)[0])
 
 
@@ -145,9 +145,10 @@ def train(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
-def make_client_app(secret_file: str) -> ClientApp:
-    """:func:`train` under the Gau-LRQ mod, bound to the run secret in ``secret_file``."""
-    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+def make_client_app(key_dir: str | os.PathLike | None = None) -> ClientApp:
+    """:func:`train` under the Gau-LRQ mod; each node reads only its own key, ``client-<partition id>.key``, from
+    ``key_dir`` (None: from the run config's ``lrq-key-dir`` or the node config's ``lrq-key-file``)."""
+    app = ClientApp(mods=[make_gau_lrq_mod(key_dir=key_dir)])
     app.train()(train)
     return app
 
@@ -173,7 +174,7 @@ def evaluate_fn(dataset: str, n: int, model: str = "lenet"):
 
 
 def new_secret_file(path: str | os.PathLike, secret: bytes | None = None) -> str:
-    """Write a fresh run secret (32 random bytes, or ``secret``; mode 0600) to ``path``, replacing any earlier
+    """Write a fresh master secret (32 random bytes, or ``secret``; mode 0600) to ``path``, replacing any earlier
     one (never reused unasked); returns the expanded path."""
     p = Path(os.path.expanduser(str(path)))
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -186,12 +187,13 @@ def new_secret_file(path: str | os.PathLike, secret: bytes | None = None) -> str
 
 
 def reproducible_secret(seed: int) -> bytes:
-    """The run secret of the seeded simulation mode (``reproducible=True``): a function of the public seed."""
+    """The master secret of the seeded simulation mode (``reproducible=True``): a function of the public seed (so
+    every client key and the server's stream are too)."""
     return hashlib.sha256(b"flower_dp.gau_lrq.reproducible-secret\x00" + str(int(seed)).encode()).digest()
 
 
 def ensure_secret_file(path: str | os.PathLike) -> str:
-    """Create the run secret (32 random bytes, mode 0600) if missing; returns the expanded path.
+    """Create the master secret (32 random bytes, mode 0600) if missing; returns the expanded path.
 
     Reuses an existing file: use it only for a path the user named (e.g. the example app's
     ``lrq-secret-file``); :func:`run_gau_lrq` writes a fresh secret per run (:func:`new_secret_file`).
@@ -206,16 +208,19 @@ def ensure_secret_file(path: str | os.PathLike) -> str:
 class InProcessGrid:
     """The part of Flower's ``Grid`` that :class:`GauLRQ` uses, serving ``num_clients`` nodes in this process.
 
-    Node ``i`` has node id ``i + 1`` and ``node_config = {"partition-id": i, "num-partitions": N}``
-    and keeps its ``Context`` across rounds.  A ClientApp that raises yields an error reply
+    Node ``i`` has node id ``first_node_id + i`` (default ``i + 1``) and ``node_config = {"partition-id": i,
+    "num-partitions": N}`` and keeps its ``Context`` across rounds.  A ClientApp that raises yields an error reply
     (``CLIENT_APP_RAISED_EXCEPTION``), as in a Flower simulation.
     """
 
-    def __init__(self, client_app: ClientApp, num_clients: int, run_config: dict | None = None) -> None:
+    def __init__(self, client_app: ClientApp, num_clients: int, run_config: dict | None = None,
+                 first_node_id: int = 1) -> None:
         self.app = client_app
         self.N = check_int("num_clients", num_clients, minimum=1)
-        self.contexts = {i + 1: Context(run_id=1, node_id=i + 1, state=RecordDict(), run_config=dict(run_config or {}),
-                                        node_config={"partition-id": i, "num-partitions": self.N})
+        first = check_int("first_node_id", first_node_id, minimum=1)
+        self.contexts = {first + i: Context(run_id=1, node_id=first + i, state=RecordDict(),
+                                            run_config=dict(run_config or {}),
+                                            node_config={"partition-id": i, "num-partitions": self.N})
                          for i in range(self.N)}
 
     def get_node_ids(self) -> list[int]:
@@ -284,13 +289,15 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         ``"lenet"`` or another :mod:`flower_dp.models` name.
     seed : int
         Initial model, client data and local minibatches (public).  The client sampling, the LRQ
-        streams and the Gaussian noise are keyed by the run secret and a fresh random nonce instead.
+        streams and the Gaussian noise are keyed by the master secret (and the client keys derived from
+        it) and a fresh random nonce.
     out_dir : path or None
         Gets ``results.json`` and ``checkpoint.pt`` after every round (and ``lrq.secret`` when no
         secret is given: keep that file private; nothing else ever holds the secret).
     secret_file, secret : path / bytes or None
-        An explicit run secret shared by server and clients (reused as asked; the run still draws a
-        fresh random nonce, so its streams are fresh).  Neither: a fresh secret per run (32 bytes of
+        An explicit master secret, held by the server only (reused as asked; the run still draws a
+        fresh random nonce, so its streams are fresh).  Each client gets only its own key, derived from it,
+        in a private key folder that exists while the run lasts (run config ``lrq-key-dir``).  Neither: a fresh secret per run (32 bytes of
         OS entropy), written to ``out_dir/lrq.secret`` (0600, replacing an earlier one) for a later
         resume, or kept in memory without ``out_dir``.
     reproducible : bool
@@ -302,7 +309,8 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         Continue the run checkpointed in ``out_dir`` with its own secret (``out_dir/lrq.secret`` unless
         one is passed) and nonce (from the checkpoint); ends with exactly the numbers of an uninterrupted run.
     client_app : ClientApp or None
-        Replace the ClientApp (it must use the Gau-LRQ mod); for fault-injection tests.  With
+        Replace the ClientApp (it must use the Gau-LRQ mod reading its key from the run config:
+        ``gau_lrq_mod`` or ``make_gau_lrq_mod()``); for fault-injection tests.  With
         ``backend="simulation"`` it travels to the SuperNodes as a :mod:`flower_dp.handoff` file (its functions must be
         importable there, or defined in ``__main__``).
     round_timeout_s : float
@@ -353,26 +361,29 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                        reproducible=reproducible,
                        stream_nonce=nonce,  # None: a fresh random nonce (resume: the checkpoint's)
                        fraction_evaluate=0.0)  # the server evaluates (evaluate_fn); no client-side evaluation
-    # built here for the simulation too: bad settings fail in this process, a missing secret_file is created
-    strategy = GauLRQ(**strategy_kw, secret=secret)
     inputs = dict(dataset=dataset, model=model, seed=int(seed), per_class=int(per_class), local_steps=Q, lr=float(lr),
                   test_samples=int(test_samples))
-    t0 = time.time()
-    if backend == "inprocess":
-        if client_app is None:
-            client_app = (make_client_app(str(secret_file)) if secret_file is not None else
-                          _app_with_secret(secret))
-        initial, train_cfg, ev = run_inputs(**inputs)
-        with _task_identity():
-            strategy.start(grid=InProcessGrid(client_app, N), initial_arrays=initial, num_rounds=K,
-                           train_config=train_cfg, evaluate_fn=ev)
-        out = strategy.results()
-    else:
-        # the ServerApp and the ClientApps run in other processes, whose working folder may differ
-        strategy_kw.update({k: None if strategy_kw[k] is None else str(Path(strategy_kw[k]).expanduser().resolve())
-                            for k in ("secret_file", "out_dir")})
-        out = _simulate(strategy_kw, inputs, num_rounds=K, secret=secret, client_app=client_app, num_cpus=num_cpus,
-                       round_timeout_s=round_timeout_s)
+    # one key file per client (0600) in a private folder (0700) that lives as long as the run: each ClientApp's mod
+    # reads only its own (run config "lrq-key-dir"); the master secret stays with the server
+    with tempfile.TemporaryDirectory(prefix="flower-dp-lrq-keys-") as keys_home:
+        strategy_kw["key_dir"] = str(Path(keys_home) / "keys")
+        # built here for the simulation too: bad settings fail in this process, a missing secret_file is created
+        strategy = GauLRQ(**strategy_kw, secret=secret)
+        t0 = time.time()
+        if backend == "inprocess":
+            initial, train_cfg, ev = run_inputs(**inputs)
+            grid = InProcessGrid(client_app or make_client_app(), N,
+                                 run_config={KEY_DIR_RUN_CONFIG: strategy.key_dir})
+            with _task_identity():
+                strategy.start(grid=grid, initial_arrays=initial, num_rounds=K, train_config=train_cfg,
+                               evaluate_fn=ev)
+            out = strategy.results()
+        else:
+            # the ServerApp and the ClientApps run in other processes, whose working folder may differ
+            strategy_kw.update({k: None if strategy_kw[k] is None else str(Path(strategy_kw[k]).expanduser().resolve())
+                                for k in ("secret_file", "out_dir")})
+            out = _simulate(strategy_kw, inputs, num_rounds=K, secret=secret, client_app=client_app,
+                            num_cpus=num_cpus, round_timeout_s=round_timeout_s)
     out["wall_time_s"] = time.time() - t0
     return out
 
@@ -382,8 +393,9 @@ def _simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: b
     """Run GauLRQ(**strategy_kwargs) for ``num_rounds`` on ``strategy_kwargs["num_clients"]`` simulated SuperNodes
     under ``flwr run``; return ``GauLRQ.results()`` of the run.
 
-    ``strategy_kwargs``: plain values (absolute paths for ``out_dir`` and ``secret_file``); without a
-    ``secret_file`` the run secret is ``secret``, written to a 0600 file in a private folder for the apps to read.
+    ``strategy_kwargs``: plain values (absolute paths for ``out_dir``, ``secret_file`` and ``key_dir``); without a
+    ``secret_file`` the master secret is ``secret``, written to a 0600 file in a private folder for the ServerApp to
+    read.  The ClientApps read only their own key files, from ``key_dir`` (run config ``lrq-key-dir``).
     ``inputs``: the keyword arguments of :func:`~flower_dp.experiments.gau_lrq.run_inputs`.  ``client_app``: a
     ClientApp of the caller's (it must use the Gau-LRQ mod), carried to the SuperNodes as a
     :mod:`flower_dp.handoff` file; None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises
@@ -394,12 +406,12 @@ def _simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: b
 
     from .flower_backend import _user_paths
 
-    work = Path(tempfile.mkdtemp(prefix="flower-dp-lrq-"))  # 0700: the secret and the ClientApp below
+    work = Path(tempfile.mkdtemp(prefix="flower-dp-lrq-"))  # 0700: the master secret and the ClientApp below
     private = []
     try:
         if strategy_kwargs["secret_file"] is not None:
             secret_file = str(strategy_kwargs["secret_file"])
-        else:  # the apps read the secret from a file, never from the run config or a message
+        else:  # the ServerApp reads the secret from a file, never from the run config or a message
             secret_file = handoff.private_file(work / "lrq.secret", secret)
             private.append(secret_file)
         pickled = ""
@@ -414,7 +426,8 @@ def _simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: b
                       num_supernodes=int(strategy_kwargs["num_clients"]), work_dir=work, timeout_s=None,
                       pythonpath=_user_paths(), num_cpus=int(num_cpus),
                       run_config={"spec-file": str(work / "spec.json"), "lrq-secret-file": secret_file,
-                                  "client-app-file": pickled, "results-file": str(results_file)})
+                                  KEY_DIR_RUN_CONFIG: str(strategy_kwargs["key_dir"]), "client-app-file": pickled,
+                                  "results-file": str(results_file)})
     finally:
         for path in private:
             Path(path).unlink(missing_ok=True)
@@ -435,7 +448,7 @@ def _run_secret(name: str, seed: int, out_dir: Path | None, secret: bytes | None
         raise ValueError("pass secret or secret_file, got both; give one of them")
     if reproducible:
         if secret is not None or secret_file is not None:
-            raise ValueError("reproducible=True derives the run secret from the seed, got an explicit secret too; "
+            raise ValueError("reproducible=True derives the master secret from the seed, got an explicit secret too; "
                              "drop secret/secret_file or reproducible")
         return reproducible_secret(seed), None, f"{name}-seed-{seed}"
     if secret is not None or secret_file is not None:  # the caller's secret, reused as asked
@@ -443,18 +456,12 @@ def _run_secret(name: str, seed: int, out_dir: Path | None, secret: bytes | None
     if resume:  # the checkpointed run's own secret
         path = None if out_dir is None else Path(out_dir) / "lrq.secret"
         if path is None or not path.is_file():
-            raise ValueError(f"resume=True needs the run secret of the checkpointed run, got no {path}; pass "
+            raise ValueError(f"resume=True needs the master secret of the checkpointed run, got no {path}; pass "
                              "secret_file= (the file that run used)")
         return None, str(path), None
     if out_dir is not None:  # fresh, kept beside the checkpoint for a later resume
         return None, new_secret_file(Path(out_dir) / "lrq.secret"), None
     return secrets.token_bytes(32), None, None
-
-
-def _app_with_secret(secret: bytes) -> ClientApp:
-    app = ClientApp(mods=[make_gau_lrq_mod(secret=secret)])
-    app.train()(train)
-    return app
 
 
 # ----------------------------------------------------------------------------------------------

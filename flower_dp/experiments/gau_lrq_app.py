@@ -6,14 +6,16 @@ processes and rebuild what they need from the run configuration, which holds pla
 
 - ``spec-file``: a JSON file with GauLRQ's keyword arguments (never the secret), the rounds, the round timeout and
   the public inputs of :func:`~flower_dp.experiments.gau_lrq.run_inputs` (dataset, model, seed, ...);
-- ``lrq-secret-file``: the path of the file (mode 0600) holding the run secret; the clients' Gau-LRQ mod reads it,
-  and so does the ServerApp when the strategy names no ``secret_file`` of its own;
+- ``lrq-secret-file``: the path of the file (mode 0600) holding the server's master secret; only the ServerApp reads
+  it, when the strategy names no ``secret_file`` of its own;
+- ``lrq-key-dir``: the folder (mode 0700) of the clients' key files, ``client-<partition id>.key`` (mode 0600); each
+  ClientApp's Gau-LRQ mod reads only its own;
 - ``client-app-file``: a caller's own ClientApp as a :mod:`flower_dp.handoff` file, or empty for
   :func:`~flower_dp.experiments.gau_lrq.make_client_app`;
 - ``results-file``: where the ServerApp writes ``GauLRQ.results()`` and whether ``start`` finished.
 
-The files live in a private temporary folder (0700), read only by the run that ``run_gau_lrq`` starts; the secret
-file and the ClientApp's hand-off file are deleted when the run ends.
+The files live in private temporary folders (0700), read only by the run that ``run_gau_lrq`` starts; the secret
+file, the key files and the ClientApp's hand-off file are deleted when the run ends.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ server_app = ServerApp()
 
 
 def _inner_app(run_config) -> ClientApp:
-    """The ClientApp this run's SuperNodes run: the caller's, or ``make_client_app`` on the secret file."""
+    """The ClientApp this run's SuperNodes run: the caller's, or ``make_client_app`` (keys from ``lrq-key-dir``)."""
     pickled = str(run_config.get("client-app-file", ""))
     if pickled:
         from flower_dp import handoff
@@ -43,13 +45,12 @@ def _inner_app(run_config) -> ClientApp:
         return handoff.read(pickled)
     from .gau_lrq import make_client_app
 
-    return make_client_app(str(run_config["lrq-secret-file"]))
+    return make_client_app()
 
 
-#: the ClientApp: ``client-app-file``'s ClientApp, or :func:`~flower_dp.experiments.gau_lrq.make_client_app` bound
-#: to ``lrq-secret-file``; made once per process and file
-client_app = client_app_from_config(
-    _inner_app, key=lambda rc: str(rc.get("client-app-file", "")) or str(rc["lrq-secret-file"]))
+#: the ClientApp: ``client-app-file``'s ClientApp, or :func:`~flower_dp.experiments.gau_lrq.make_client_app` (each
+#: node's mod reads its own key from ``lrq-key-dir``); made once per process and file
+client_app = client_app_from_config(_inner_app, key=lambda rc: str(rc.get("client-app-file", "")) or "make_client_app")
 
 
 @server_app.main()

@@ -19,19 +19,26 @@ method     paper name          client sends (per coordinate)                    
 "none"     Local SGD (oracle)  Delta (no clipping), float32                      as is
 =========  ==================  ==================================================================
 
-Randomness: the LRQ layers come from the shared stream keyed by ``lrq_key(secret, round, client)``
-(§2.4); the baselines' noise and stochastic rounding come from a private stream derived from the
-same key (domain-separated).  The server is trusted (§2.3), so it may know that stream; nobody
-else does.  Secrets are never put in a payload, a metadata record or a log line.
+Keys and randomness.  The server holds a master secret; client ``i``'s key is ``HMAC(master, "client-key" || i)``
+(:func:`client_key`, exported to that client alone as a key file, :func:`write_client_keys`), and its stream key of
+a run is ``HMAC(key_i, "client-run" || nonce || i)`` (:func:`client_run_key`, the nonce public and fresh per run).
+Everything client ``i`` draws comes from that stream key: the LRQ layers and dither through
+``lrq_key(client_run_key, round, i)`` (§2.4), the baselines' noise and stochastic rounding through a
+domain-separated hash of the same key.  The B-of-N sample and the server's own noise come from
+``HMAC(master, "server-run" || nonce)`` (:func:`server_run_key`), which no client key reveals.  The server can
+derive every key, so it sees each clipped update (up to the LRQ layer's width, or exactly for Gau-SGD): Gau-LRQ
+gives no DP against the server.  Keys are never put in a payload, a metadata record or a log line.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 import os
 import secrets
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +50,15 @@ from flower_dp.mechanisms import lrq
 
 __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update", "decode_update",
            "pack_ints", "unpack_ints", "bq_levels", "payload_bytes", "public_bits", "lrq_public_range", "KEYS",
-           "PAYLOAD_KEY", "META_KEY", "SECRET_ENV", "SECRET_RUN_CONFIG", "RELEASED_STATS", "PARTITION_META",
-           "PROBE_KEY", "PROBE_TAG_META", "probe_tag", "load_secret", "read_secret_file", "create_secret_file",
-           "secret_path", "run_key",
-           "spec_from_config"]
+           "PAYLOAD_KEY", "META_KEY", "SECRET_RUN_CONFIG", "KEY_DIR_RUN_CONFIG", "KEY_FILE_NODE_CONFIG", "KEY_ENV",
+           "RELEASED_STATS", "PARTITION_META", "PARTITION_BYTES", "pack_partition_id", "unpack_partition_id",
+           "PROBE_KEY", "PROBE_TAG_META", "probe_tag", "KEY_HEADER", "EXPORT_HINT", "ClientKey", "client_key",
+           "client_run_key", "server_run_key", "run_key_check", "load_secret", "read_secret_file",
+           "create_secret_file", "secret_path", "key_file_name", "key_file_bytes", "write_key_file",
+           "write_client_keys", "read_key_file", "spec_from_config"]
 
 # ---------------------------------------------------------------------------------------------
-# Wire format: the record keys both sides use, the run secret and the per-run key
+# Wire format: the record keys both sides use
 # ---------------------------------------------------------------------------------------------
 #: ConfigRecord keys the server sends (public values only).
 KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
@@ -57,13 +66,21 @@ KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.
         "nonce": "gau-lrq.stream-nonce"}
 PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
 META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
-SECRET_ENV = "FLOWER_DP_LRQ_SECRET_FILE"
+#: run config key naming the server's master secret file (read by the ServerApp only, never by a client)
 SECRET_RUN_CONFIG = "lrq-secret-file"
+#: run config key naming a folder of client key files (``client-<partition id>.key``); each mod reads its own
+KEY_DIR_RUN_CONFIG = "lrq-key-dir"
+#: node config key naming this SuperNode's own key file (deployment: ``--node-config "lrq-key-file='...'"``)
+KEY_FILE_NODE_CONFIG = "lrq-key-file"
+#: environment variable naming this client's key file (the mod's last resort)
+KEY_ENV = "FLOWER_DP_LRQ_KEY_FILE"
 #: encode_update stats that are functions of public values only (the round's spec and d): sent in META_KEY as
 #: "gau-lrq.<name>"
 RELEASED_STATS = ("bits_algorithmic",)
-#: META_KEY entry holding the partition id (keys the client's stream; public, not a metric)
+#: META_KEY entry holding the partition id (selects the client's key on the server; public, not a metric), as
+#: :data:`PARTITION_BYTES` big-endian bytes: a fixed width, so no byte count depends on which clients were sampled
 PARTITION_META = "gau-lrq.partition-id"
+PARTITION_BYTES = 8
 #: ConfigRecord key of the probe: a train message carrying only a ConfigRecord with this key (value: the stream
 #: nonce) is answered by ``gau_lrq_mod`` itself, never by the user's train function, with :data:`PROBE_TAG_META`
 PROBE_KEY = "gau-lrq.probe"
@@ -71,29 +88,92 @@ PROBE_KEY = "gau-lrq.probe"
 PROBE_TAG_META = "gau-lrq.probe-tag"
 
 
-def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None,
-                context: Any = None) -> bytes:
-    """The run secret (bytes, >= 16), from ``secret``, ``secret_file``, the run config of ``context`` (a Flower
-    Context) or the env var.
+def pack_partition_id(partition_id: int) -> bytes:
+    """The partition id as it travels in :data:`META_KEY`: :data:`PARTITION_BYTES` big-endian bytes (fixed width)."""
+    return int(check_int("partition_id", partition_id, minimum=0)).to_bytes(PARTITION_BYTES, "big")
 
-    The file must exist and be readable by its owner only (:func:`read_secret_file`).  Raises ``ValueError``
-    naming the sources tried and the fix (never the content).
+
+def unpack_partition_id(value: Any) -> int:
+    """Inverse of :func:`pack_partition_id`; raises ``DecodeError`` for anything else."""
+    if not isinstance(value, bytes) or len(value) != PARTITION_BYTES:
+        raise DecodeError(f"the partition id must travel as {PARTITION_BYTES} bytes (pack_partition_id), got "
+                          f"{type(value).__name__} {value!r:.40}; client and server must run the same flower-dp")
+    return int.from_bytes(value, "big")
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys: the server's master secret, one key per client, the server's own stream
+# ---------------------------------------------------------------------------------------------
+#: first line of a client key file (a master secret file is raw bytes and has no header)
+KEY_HEADER = "flower-dp gau-lrq client key v1"
+#: the fix every refusal of a misplaced master secret names
+EXPORT_HINT = ("give each client only its own key: flower-dp lrq-keys --secret-file SECRET --num-clients N --out DIR "
+               "writes DIR/client-<i>.key (0600); a SuperNode reads its own file (--node-config "
+               f"\"{KEY_FILE_NODE_CONFIG}='DIR/client-<i>.key'\"), a simulation gets the folder through "
+               f"GauLRQ(key_dir=DIR) and run config '{KEY_DIR_RUN_CONFIG}'")
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """Client ``partition_id``'s own key: ``key = HMAC-SHA256(master, "client-key" || partition_id)``.
+
+    Only that client and the server (who derives it from the master secret) hold it.  It keys every random draw of
+    the client (LRQ layers and dither, Gau-SGD/QG-SGD noise, BQ-SGD rounding) through :func:`client_run_key`; it
+    reveals neither the master secret, nor another client's key, nor the server's stream (HMAC is a PRF).
+    """
+
+    partition_id: int
+    key: bytes = field(repr=False)
+
+    def __post_init__(self) -> None:
+        check_int("partition_id", self.partition_id, minimum=0)
+        if not isinstance(self.key, bytes) or len(self.key) < 16:
+            raise ValueError(f"a client key must be bytes of length >= 16, got {type(self.key).__name__}; derive it "
+                             "with client_key(master, partition_id)")
+
+
+def _hmac(key: bytes, label: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"flower_dp.gau_lrq." + label + b"\x00" + b"\x00".join(parts), hashlib.sha256).digest()
+
+
+def client_key(master: bytes, partition_id: int) -> ClientKey:
+    """Client ``partition_id``'s key, derived by the server from its master secret (domain-separated HMAC-SHA256)."""
+    pid = check_int("partition_id", partition_id, minimum=0)
+    return ClientKey(pid, _hmac(master, b"client-key", pid.to_bytes(8, "big")))
+
+
+def client_run_key(key: ClientKey, nonce: str) -> bytes:
+    """Client ``key.partition_id``'s stream key of one run: HMAC of its key, the public nonce and its partition id
+    (so one key file serves every run, and two runs never share a stream)."""
+    return _hmac(key.key, b"client-run", str(nonce).encode(), int(key.partition_id).to_bytes(8, "big"))
+
+
+def server_run_key(master: bytes, nonce: str) -> bytes:
+    """The server's own stream key of one run (the B-of-N sample, the dropped clients' noise): a third
+    domain-separated HMAC of the master secret, which no client key reveals."""
+    return _hmac(master, b"server-run", str(nonce).encode())
+
+
+def probe_tag(run_key_: bytes, partition_id: int) -> str:
+    """The probe's answer: a keyed hash proving the client holds ITS OWN run key (reveals nothing about it)."""
+    return _hmac(run_key_, b"probe", int(partition_id).to_bytes(8, "big")).hex()[:32]
+
+
+def load_secret(secret: bytes | None = None, secret_file: str | os.PathLike | None = None) -> bytes:
+    """The server's master secret (bytes, >= 16), from ``secret`` or ``secret_file``.
+
+    The file must exist and be readable by its owner only (:func:`read_secret_file`); a client key file is refused.
+    Raises ``ValueError`` naming the sources tried and the fix (never the content).
     """
     if secret is not None:
         if not isinstance(secret, bytes) or len(secret) < 16:
             raise ValueError(f"secret must be bytes of length >= 16, got {type(secret).__name__} of length "
                              f"{len(secret) if isinstance(secret, (bytes, str)) else '?'}; use secrets.token_bytes(32)")
         return secret
-    path = secret_file
-    if path is None and context is not None:
-        path = context.run_config.get(SECRET_RUN_CONFIG) or None
-    if path is None:
-        path = os.environ.get(SECRET_ENV) or None
-    if path is None:
-        raise ValueError(f"no LRQ run secret, got none of: secret_file, run config '{SECRET_RUN_CONFIG}', env "
-                         f"{SECRET_ENV}; point one of them at the secret file the server's GauLRQ uses (GauLRQ "
-                         "creates it, mode 0600, when its secret_file does not exist yet)")
-    return read_secret_file(path)
+    if secret_file is None:
+        raise ValueError("no LRQ master secret, got neither secret nor secret_file; pass secret_file= (GauLRQ "
+                         "creates it, mode 0600, when it does not exist yet)")
+    return read_secret_file(secret_file)
 
 
 def secret_path(path: str | os.PathLike) -> Path:
@@ -101,27 +181,34 @@ def secret_path(path: str | os.PathLike) -> Path:
     return Path(os.path.expanduser(str(path)))
 
 
+def _read_private(p: Path, what: str) -> bytes:
+    mode = p.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"the {what} {str(p)!r} is readable or writable by group or others, got mode {mode:04o}; "
+                         f"anyone who reads it can decode the updates it keys: run chmod 600 {str(p)!r} (mode 0600, "
+                         "owner only)")
+    return p.read_bytes()
+
+
 def read_secret_file(path: str | os.PathLike) -> bytes:
-    """The content of an existing secret file that only its owner can read.
+    """The content of an existing master secret file that only its owner can read.
 
     Raises ``ValueError`` for a missing file (what it is and how to make one), a file that group or others may
-    read or write (its mode and ``chmod 600``), or one shorter than 16 bytes.
+    read or write (its mode and ``chmod 600``), one shorter than 16 bytes, or a client key file.
     """
     p = secret_path(path)
     if not p.is_file():
-        raise ValueError(f"the LRQ run secret file {str(p)!r} does not exist, got no file there; it holds the "
-                         "secret shared by the server and the clients (>= 16 random bytes): GauLRQ(secret_file=...) "
-                         "creates it (mode 0600) when it starts, or make one with python -c \"import os, secrets; "
-                         f"fd = os.open({str(p)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600); "
-                         "os.write(fd, secrets.token_bytes(32))\"")
-    mode = p.stat().st_mode & 0o777
-    if mode & 0o077:
-        raise ValueError(f"the LRQ run secret file {str(p)!r} is readable or writable by group or others, got mode "
-                         f"{mode:04o}; anyone who reads it can decode every client's update: run chmod 600 "
-                         f"{str(p)!r} (mode 0600, owner only)")
-    data = p.read_bytes()
+        raise ValueError(f"the LRQ master secret file {str(p)!r} does not exist, got no file there; it holds the "
+                         "server's secret (>= 16 random bytes) from which every client's key is derived: "
+                         "GauLRQ(secret_file=...) creates it (mode 0600) when it starts, or make one with python -c "
+                         f"\"import os, secrets; fd = os.open({str(p)!r}, os.O_WRONLY | os.O_CREAT | os.O_EXCL, "
+                         "0o600); os.write(fd, secrets.token_bytes(32))\"")
+    data = _read_private(p, "LRQ master secret file")
+    if data.startswith(KEY_HEADER.encode()):
+        raise ValueError(f"{str(p)!r} is a client key file, got it as the server's master secret; the server reads "
+                         "the master secret (the file GauLRQ(secret_file=...) created), clients read their own key")
     if len(data) < 16:
-        raise ValueError(f"the LRQ run secret file {str(p)!r} must hold >= 16 bytes, got {len(data)}; write "
+        raise ValueError(f"the LRQ master secret file {str(p)!r} must hold >= 16 bytes, got {len(data)}; write "
                          "secrets.token_bytes(32) into it")
     return data
 
@@ -145,15 +232,82 @@ def create_secret_file(path: str | os.PathLike) -> tuple[Path, bool]:
     return p, True
 
 
-def run_key(secret: bytes, nonce: str) -> bytes:
-    """Per-run stream secret: ``SHA-256(secret || nonce)``; the public nonce keeps runs sharing a secret apart."""
-    return hashlib.sha256(b"flower_dp.gau_lrq.run\x00" + secret + b"\x00" + str(nonce).encode()).digest()
+def key_file_name(partition_id: int) -> str:
+    """The name of client ``partition_id``'s key file in a key folder."""
+    return f"client-{check_int('partition_id', partition_id, minimum=0)}.key"
 
 
-def probe_tag(run_key_: bytes, partition_id: int) -> str:
-    """The probe's answer: a keyed hash proving the client holds the run secret (reveals nothing about it)."""
-    return hashlib.sha256(b"flower_dp.gau_lrq.probe\x00" + run_key_ + int(partition_id).to_bytes(8, "little")
-                          ).hexdigest()[:32]
+def key_file_bytes(key: ClientKey) -> bytes:
+    """A key file's content: :data:`KEY_HEADER`, ``partition-id <i>`` and the key in hex, one per line."""
+    return f"{KEY_HEADER}\npartition-id {int(key.partition_id)}\n{key.key.hex()}\n".encode()
+
+
+def write_key_file(path: str | os.PathLike, key: ClientKey) -> Path:
+    """Write ``key`` to ``path`` (mode 0600, atomically, replacing an earlier file); returns the expanded path."""
+    p = secret_path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_file_bytes(key))
+    os.replace(tmp, p)
+    return p
+
+
+def write_client_keys(master: bytes, num_clients: int, out_dir: str | os.PathLike,
+                      partition_ids: Iterable[int] | None = None) -> Path:
+    """Write one key file per client (``out_dir/client-<i>.key``, mode 0600) into ``out_dir`` (mode 0700, created
+    if missing); ``partition_ids`` (default ``range(num_clients)``) picks some.  Returns the expanded folder.
+
+    Raises ``ValueError`` for a folder that group or others may enter or list (its mode and ``chmod 700``).
+    """
+    n = check_int("num_clients", num_clients, minimum=1)
+    ids = range(n) if partition_ids is None else [check_int("partition_id", i, minimum=0, maximum=n - 1)
+                                                  for i in partition_ids]
+    d = secret_path(out_dir)
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    mode = d.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ValueError(f"the LRQ key folder {str(d)!r} is open to group or others, got mode {mode:04o}; each file "
+                         f"in it is one client's key: run chmod 700 {str(d)!r} or name a new folder")
+    master = load_secret(master)
+    for i in ids:
+        write_key_file(d / key_file_name(i), client_key(master, i))
+    return d
+
+
+def read_key_file(path: str | os.PathLike, partition_id: int | None = None) -> ClientKey:
+    """The client key in ``path`` (a file :func:`write_key_file` wrote, mode 0600).
+
+    Raises ``ValueError`` naming the fix for a missing file, one that group or others may read, the server's master
+    secret (a file without the key header), or another client's key (``partition_id`` given and different).
+    """
+    p = secret_path(path)
+    if not p.is_file():
+        raise ValueError(f"the LRQ client key file {str(p)!r} does not exist, got no file there; {EXPORT_HINT}")
+    data = _read_private(p, "LRQ client key file")
+    lines = data.split(b"\n")
+    if lines[0] != KEY_HEADER.encode():
+        raise ValueError(f"{str(p)!r} has no client key header ({KEY_HEADER!r}), got a file that looks like the "
+                         f"server's master secret: a client holding it could re-derive every other client's noise "
+                         f"and the sample; this is the server's master secret; {EXPORT_HINT}")
+    try:
+        label, pid_text = lines[1].decode().split(" ")
+        if label != "partition-id":
+            raise ValueError(label)
+        key = ClientKey(int(pid_text), bytes.fromhex(lines[2].decode()))
+    except (IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"the LRQ client key file {str(p)!r} is malformed ({exc}), got {len(lines)} lines; write it "
+                         "again with flower-dp lrq-keys") from None
+    if partition_id is not None and key.partition_id != int(partition_id):
+        raise ValueError(f"{str(p)!r} holds client {key.partition_id}'s key, got it on the client with partition-id "
+                         f"{int(partition_id)}; every client holds only its own key "
+                         f"({key_file_name(int(partition_id))}); {EXPORT_HINT}")
+    return key
+
+
+def run_key_check(server_key: bytes) -> str:
+    """A one-way tag of the server's run key: tells a resume with another master secret apart (not the secret)."""
+    return _hmac(server_key, b"secret-check").hex()[:16]
 
 
 def spec_from_config(cfg) -> "RoundSpec":
@@ -285,7 +439,7 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
         Raw update ``theta_{k,Q} - theta_k`` flattened in the ArrayRecord's key order.
     spec : RoundSpec
     key : bytes
-        ``lrq_key(secret, k, client)`` (secret; never sent).
+        ``lrq_key(client_run_key(client_key, nonce), k, client)`` (secret; never sent).
 
     Returns
     -------
