@@ -119,7 +119,7 @@ class RunRecord:
                           "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau,
                           "calibration": self.calibration, "noise_multiplier": self._fixed_noise_multiplier,
                           "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
-                          "key_dir": self.key_dir, "stream_nonce": self.stream_nonce},
+                          "stream_nonce": self.stream_nonce},
                "run": self.run_info,
                "noise": noise_record(self.reproducible, note=None if self.reproducible else GAU_LRQ_SECRET_NOTE),
                "privacy": None if sch is None else {

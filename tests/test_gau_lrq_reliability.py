@@ -9,7 +9,9 @@ numbers of an uninterrupted run; corrupted or foreign checkpoints are refused.  
 from __future__ import annotations
 
 import json
+import logging
 import math
+import re
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from lrq_keys import keyed_mod
 from flower_dp.errors import CheckpointError, DecodeError
 from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, resolve_method,
                                            run_gau_lrq, train)
@@ -47,7 +50,7 @@ def _user_train(fail=lambda pid, rnd: False):
 
 
 def _app(fail=lambda pid, rnd: False, secret=SECRET) -> ClientApp:
-    app = ClientApp(mods=[make_gau_lrq_mod(secret=secret)])
+    app = ClientApp(mods=[keyed_mod(secret)])
     app.train()(_user_train(fail))
     return app
 
@@ -123,8 +126,10 @@ def test_a_systematic_client_failure_stops_the_run_naming_the_error(tmp_path):
         _strategy(max_failed_rounds=0)
 
 
-def test_tampered_reply_stops_with_decode_error_and_saves_results(tmp_path):
-    """A message altered in transit is not silently dropped: DecodeError naming the node; results saved as failed."""
+def test_tampered_reply_stops_with_decode_error_and_saves_results(tmp_path, caplog):
+    """A message altered in transit is not silently dropped: DecodeError; results saved as failed.  The node and
+    its partition (sampled, so part of the hidden sample) are named only in a DEBUG record, the server's own view,
+    never in the error that the results' stop reason carries."""
 
     class TamperingGrid(InProcessGrid):
         def send_and_receive(self, messages, *, timeout=None):
@@ -137,10 +142,14 @@ def test_tampered_reply_stops_with_decode_error_and_saves_results(tmp_path):
             return replies
 
     s = _strategy(out_dir=tmp_path)
-    with pytest.raises(DecodeError, match=r"round 2, node \d+ \(partition \d+\)"):
+    caplog.set_level(logging.DEBUG, logger="flwr")
+    with pytest.raises(DecodeError, match=r"round 2: a sampled client's reply does not decode with its partition's key"):
         _start(s, None, grid=TamperingGrid(_app(), N))
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["stop_reason"].startswith("failed: DecodeError") and saved["rounds_completed"] == 1
+    assert "node" not in saved["stop_reason"].split("(node and partition at DEBUG)")[1]
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG and "does not decode" in r.getMessage()]
+    assert len(debug) == 1 and re.search(r"round 2: node \d+ \(partition \d+\)", debug[0])
 
 
 class _Crash(BaseException):
@@ -247,7 +256,6 @@ def test_run_gau_lrq_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path):
 
     Comparing two runs needs the seeded simulation mode (reproducible=True: secret and nonce from the seed);
     by default every run draws a fresh secret and nonce (tests/test_secret_noise.py)."""
-    from flower_dp.experiments.gau_lrq import _app_with_secret, reproducible_secret
 
     full = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "full", reproducible=True, **SMALL)
     assert full["noise"]["mode"] == "reproducible" and "seed" in full["noise"]["note"]
@@ -257,25 +265,24 @@ def test_run_gau_lrq_resume_after_a_crash_equals_an_uninterrupted_run(tmp_path):
             raise _Crash()
         return train(msg, ctx)
 
-    secret = reproducible_secret(0)  # the seed's secret: the same streams
-    app = ClientApp(mods=[make_gau_lrq_mod(secret=secret)])
+    app = ClientApp(mods=[make_gau_lrq_mod()])  # its own key from the run's key folder (run config lrq-key-dir)
     app.train()(crashing)
     with pytest.raises(_Crash):
         run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", reproducible=True,
                     client_app=app, **SMALL)
     res = run_gau_lrq("gau-lrq", noise_multiplier=0.5, out_dir=tmp_path / "part", reproducible=True,
-                      resume=True, client_app=_app_with_secret(secret), **SMALL)
+                      resume=True, client_app=make_client_app(), **SMALL)
     assert {k: v for k, v in res.items() if k != "wall_time_s"} == {k: v for k, v in full.items() if k != "wall_time_s"}
 
 
 def test_client_app_builder_wraps_an_unchanged_train_function(tmp_path):
-    """make_lrq_client_app(train_fn, secret_file=...) is the user's ClientApp plus the mod; a round decodes."""
+    """make_lrq_client_app(train_fn, key_dir=...) is the user's ClientApp plus the mod; a round decodes."""
     from flower_dp.clients.lrq_mod import make_lrq_client_app
 
     path = tmp_path / "lrq.secret"
     path.write_bytes(SECRET)
     path.chmod(0o600)
-    app = make_lrq_client_app(_user_train(), secret_file=str(path))
-    s = _strategy(secret=None, secret_file=str(path), keep_decoded=True)
+    app = make_lrq_client_app(_user_train(), key_dir=str(tmp_path / "keys"))
+    s = _strategy(secret=None, secret_file=str(path), key_dir=str(tmp_path / "keys"), keep_decoded=True)
     _start(s, app, rounds=1)
     assert s.rounds[0]["received"] == B and len(s.decoded[0]) == B

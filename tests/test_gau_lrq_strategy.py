@@ -15,14 +15,16 @@ from scipy import stats
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, make_gau_lrq_mod, run_key
+from flower_dp.clients.lrq_mod import KEYS, META_KEY, PAYLOAD_KEY, make_gau_lrq_mod
 from flower_dp.errors import BudgetExceededError, DecodeError
 from flower_dp.mechanisms.lrq import lrq_key
 from flower_dp.privacy import GaussianStep, paper, rigorous_epsilon
 from flower_dp.mechanisms.gau_lrq_codec import (
-    METHODS, RoundSpec, bq_levels, clip_update, decode_update, encode_update, pack_ints, unpack_ints)
+    METHODS, RoundSpec, bq_levels, client_key, client_run_key, clip_update, decode_update, encode_update, pack_ints,
+    unpack_ints)
 from flower_dp.privacy.gau_lrq import client_level_epsilon, gau_lrq_schedule
 from flower_dp.strategies.gau_lrq import GauLRQ
+from lrq_keys import keyed_mod
 
 SECRET = b"0123456789abcdef-test-secret"
 N, B, D = 8, 3, 400
@@ -43,10 +45,11 @@ def _ctx(node_id: int) -> Context:
 
 class _Grid:
     """Stand-in grid: node ids 100..100+N-1 (partition id = node id - 100); ``send_and_receive`` serves GauLRQ's
-    probe through ``mod`` in front of ``train`` (the mod with the test secret by default)."""
+    probe through ``mod`` in front of ``train`` (by default the mod reading each node's key derived from the test
+    secret)."""
 
     def __init__(self, mod=None, train=None):
-        self.mod, self.train, self.sent = mod or make_gau_lrq_mod(secret=SECRET), train or _user_train(), []
+        self.mod, self.train, self.sent = mod or keyed_mod(SECRET), train or _user_train(), []
 
     def get_node_ids(self):
         return list(range(100, 100 + N))
@@ -83,7 +86,7 @@ def _user_train(num_examples: int = 10):
 def _round(strategy: GauLRQ, theta: np.ndarray, rnd: int, tamper=None, mod=None):
     """One full round in-process; returns (new theta, replies, train messages)."""
     msgs = list(strategy.configure_train(rnd, ArrayRecord({"w": Array(theta)}), ConfigRecord(), _Grid()))
-    mod = mod or make_gau_lrq_mod(secret=SECRET)
+    mod = mod or keyed_mod(SECRET)
     replies = []
     for m in msgs:
         ctx = Context(run_id=1, node_id=m.metadata.dst_node_id, node_config={"partition-id": m.metadata.dst_node_id - 100},
@@ -141,7 +144,7 @@ def test_wrong_stream_or_tampered_message_raises_decode_error(tamper):
         elif tamper == "sigma":
             r.content[META_KEY]["sigma"] = float(r.content[META_KEY]["sigma"]) * 1.01
 
-    mod = make_gau_lrq_mod(secret=b"another-secret-of-16-bytes") if tamper == "other_secret" else None
+    mod = keyed_mod(b"another-secret-of-16-bytes") if tamper == "other_secret" else None
     with pytest.raises(DecodeError, match="partition"):
         _round(s, np.zeros(D, np.float32), 1, tamper=flip, mod=mod)
 
@@ -151,14 +154,14 @@ def test_mod_precondition_errors_name_the_mod_and_the_fix():
     msg = Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.zeros(3, np.float32))}), "config": ConfigRecord()}),
                   dst_node_id=100, message_type=MessageType.TRAIN)
     ctx = Context(run_id=1, node_id=100, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
-    out = make_gau_lrq_mod(secret=SECRET)(msg, ctx, _user_train())
+    out = keyed_mod(SECRET)(msg, ctx, _user_train())
     assert out.has_error() and "gau_lrq_mod" in out.error.reason and "GauLRQ" in out.error.reason
-    no_secret = make_gau_lrq_mod()  # no file, no run config, no env var
+    no_secret = make_gau_lrq_mod()  # no key file, no key folder, no env var
     s = _strategy()
     (m,) = list(s.configure_train(1, ArrayRecord({"w": Array(np.zeros(D, np.float32))}), ConfigRecord(), _Grid()))[:1]
     out = no_secret(m, Context(run_id=1, node_id=100, node_config={"partition-id": 0}, state=RecordDict(),
                                run_config={}), _user_train())
-    assert out.has_error() and "secret" in out.error.reason and "got" in out.error.reason
+    assert out.has_error() and "no LRQ client key" in out.error.reason and "lrq-keys" in out.error.reason
 
 
 def test_budget_exhausted_raises_before_the_round():
@@ -180,7 +183,7 @@ def test_codecs_error_law(method):
     rng = np.random.default_rng(1)
     u = rng.normal(size=20_000) * 0.002
     spec = RoundSpec(method, 2, 0.01, 1.0, bq_bits=8)
-    key = lrq_key(run_key(SECRET, "codec"), 2, 5)
+    key = lrq_key(client_run_key(client_key(SECRET, 5), "codec"), 2, 5)
     payload, meta, st = encode_update(u, spec, key)
     e = decode_update(payload, meta, spec, key) - (u if method == "none" else clip_update(u, 1.0)[0])
     if method == "none":
@@ -277,7 +280,8 @@ def test_config_keys_carry_no_secret():
 
 
 def test_example_app_trains_one_round_in_process(tmp_path, monkeypatch):
-    """examples/gau_lrq: its unchanged train function + gau_lrq_mod (secret via run config) + GauLRQ, one round."""
+    """examples/gau_lrq: its unchanged train function + gau_lrq_mod (its own key via run config 'lrq-key-dir') +
+    GauLRQ (which writes the key files), one round."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"))
@@ -291,12 +295,14 @@ def test_example_app_trains_one_round_in_process(tmp_path, monkeypatch):
     rc = {"num-clients": N, "clients-per-round": 2, "clip": 0.5, "num-rounds": 2, "epsilon": 1e6, "delta": 1e-5,
           "method": "lrq", "noise-multiplier": 0.05, "local-steps": 2, "lr": 0.05, "dataset": "fashion_mnist",
           "per-class": 5, "seed": 0}
-    s = make_strategy(rc, secret_file=secret_file, out_dir=str(tmp_path / "out"))
+    key_dir = str(tmp_path / "keys")
+    s = make_strategy(rc, secret_file=secret_file, out_dir=str(tmp_path / "out"), key_dir=key_dir)
     theta = model_to_arrays(new_model())
-    msgs = list(s.configure_train(1, theta, train_config(rc), _Grid(mod=make_gau_lrq_mod(secret_file))))
+    msgs = list(s.configure_train(1, theta, train_config(rc), _Grid(mod=make_gau_lrq_mod(key_dir=key_dir))))
     replies = [gau_lrq_mod(m, Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(),
                                       node_config={"partition-id": m.metadata.dst_node_id - 100},
-                                      run_config={"lrq-secret-file": secret_file}), train) for m in msgs]
+                                      run_config={"lrq-secret-file": secret_file, "lrq-key-dir": key_dir}), train)
+               for m in msgs]
     assert not any(r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
     arrays, _ = s.aggregate_train(1, replies)
     assert list(arrays.keys()) == list(theta.keys()) and s.rounds[0]["bits_per_coord"] <= 8
