@@ -1,7 +1,7 @@
 """The ClientApp of ``run_gau_lrq(backend="simulation")`` (:mod:`flower_dp.experiments.gau_lrq_app`), in-process.
 
 The simulation's SuperNodes run the module-level ``client_app``, which runs either the caller's ClientApp carried as
-a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` bound to ``lrq-secret-file``.  Both
+a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` (each node's key from ``lrq-key-dir``).  Both
 must answer as the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
 The simulation itself: tests/test_gau_lrq_flower.py.
 """
@@ -12,9 +12,10 @@ from flwr.clientapp import ClientApp
 
 from flower_dp import handoff
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+from flower_dp.mechanisms.gau_lrq_codec import write_client_keys
 from flower_dp.experiments import gau_lrq_app
-from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, new_secret_file,
-                                           reproducible_secret, run_inputs, train)
+from flower_dp.experiments.gau_lrq import (InProcessGrid, _task_identity, make_client_app, reproducible_secret,
+                                           run_inputs, train)
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 N = 6
@@ -36,7 +37,8 @@ def _results(app: ClientApp, run_config: dict) -> dict:
 def test_a_pickled_client_app_runs_as_the_original(tmp_path, monkeypatch):
     """``client-app-file``: the module-level ClientApp loads the caller's ClientApp from its hand-off file and the
     run gives exactly the numbers of the original app; the secret file is not read for it."""
-    own = ClientApp(mods=[make_gau_lrq_mod(secret=reproducible_secret(0))])
+    keys = str(write_client_keys(reproducible_secret(0), N, tmp_path / "keys"))
+    own = ClientApp(mods=[make_gau_lrq_mod(key_dir=keys)])
     own.train()(train)
     folder = tmp_path / "run"
     folder.mkdir(mode=0o700)
@@ -51,9 +53,10 @@ def test_a_pickled_client_app_runs_as_the_original(tmp_path, monkeypatch):
     assert reads == [pickled]  # loaded once for all nodes and rounds
 
 
-def test_without_a_client_app_file_the_clients_run_make_client_app_on_the_secret_file(tmp_path):
-    """No ``client-app-file``: ``make_client_app(lrq-secret-file)``, the same numbers as that app itself."""
-    path = new_secret_file(tmp_path / "lrq.secret", reproducible_secret(0))
-    want = _results(make_client_app(path), {})
-    got = _results(gau_lrq_app.client_app, {"client-app-file": "", "lrq-secret-file": path})
+def test_without_a_client_app_file_the_clients_run_make_client_app_on_the_key_folder(tmp_path):
+    """No ``client-app-file``: ``make_client_app()`` reading each node's own key from ``lrq-key-dir``, the same
+    numbers as that app given the folder itself."""
+    keys = str(write_client_keys(reproducible_secret(0), N, tmp_path / "keys"))
+    want = _results(make_client_app(keys), {})
+    got = _results(gau_lrq_app.client_app, {"client-app-file": "", "lrq-key-dir": keys})
     assert got["stop_reason"] == "completed" and got == want

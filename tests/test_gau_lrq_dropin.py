@@ -21,11 +21,11 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.experiments.gau_lrq import InProcessGrid, _task_identity
 from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.privacy import paper
 from flower_dp.strategies.gau_lrq import GauLRQ
+from lrq_keys import keyed_mod
 
 SECRET = b"0123456789abcdef-dropin-test"
 N, D, CLIP, Z = 6, 50, 0.5, 1.2
@@ -38,7 +38,7 @@ def _user_metrics(pid: int, rnd: int) -> dict:
 
 def _client_app() -> ClientApp:
     """An ordinary Flower ClientApp (train + evaluate); the only Gau-LRQ line is the mod."""
-    app = ClientApp(mods=[make_gau_lrq_mod(secret=SECRET)])
+    app = ClientApp(mods=[keyed_mod(SECRET)])
 
     @app.train()
     def train(msg: Message, ctx: Context) -> Message:

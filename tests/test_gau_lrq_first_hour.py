@@ -1,4 +1,4 @@
-"""What a Flower user meets in the first hour with GauLRQ (in-process, no Ray): the secret file, the mod check,
+"""What a Flower user meets in the first hour with GauLRQ (in-process, no Ray): the secret and key files, the mod check,
 the node count, FedAvg's positional arguments, the warnings.  The Flower-simulation checks (a size mismatch
 fails fast, the README's diff runs) are in ``test_gau_lrq_flower.py`` and ``test_readme_gau_lrq_diff.py``.
 """
@@ -15,10 +15,10 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.experiments.gau_lrq import InProcessGrid, _task_identity
 from flower_dp.mechanisms.gau_lrq_codec import load_secret
 from flower_dp.strategies.gau_lrq import NOISE_TO_CLIP_LIMIT, GauLRQ
+from lrq_keys import keyed_mod
 
 N, D = 6, 40
 
@@ -75,14 +75,14 @@ def test_client_app_without_the_mod_never_sends_model_weights():
 
 
 def test_client_app_with_another_secret_is_refused_before_training():
-    grid = _Recorder(_app([make_gau_lrq_mod(secret=b"another-secret-0123456789abc")]), N)
-    with pytest.raises(RuntimeError, match="holds another run secret than the server"):
+    grid = _Recorder(_app([keyed_mod(b"another-secret-0123456789abc")]), N)
+    with pytest.raises(RuntimeError, match="holds a key that is not derived from this server's master secret"):
         _start(_gau(), grid)
     assert all(len(m.content.array_records) == 0 for m in grid.sent)
 
 
 def test_with_the_mod_the_probe_passes_once_and_training_runs():
-    grid = _Recorder(_app([make_gau_lrq_mod(secret=b"first-hour-secret-0123456789")]), N)
+    grid = _Recorder(_app([keyed_mod(b"first-hour-secret-0123456789")]), N)
     _start(_gau(), grid, num_rounds=2)
     probes = [m for m in grid.sent if len(m.content.array_records) == 0]
     assert len(probes) == N  # every node once, before round 1
@@ -91,7 +91,7 @@ def test_with_the_mod_the_probe_passes_once_and_training_runs():
 
 def test_should_stop_ends_the_loop_after_its_round():
     """Flower 1.43's ``should_stop(round, result)``: called after each round; True stops there, results kept."""
-    grid = _Recorder(_app([make_gau_lrq_mod(secret=b"first-hour-secret-0123456789")]), N)
+    grid = _Recorder(_app([keyed_mod(b"first-hour-secret-0123456789")]), N)
     seen = []
     s = _gau()
     with _task_identity():
@@ -105,7 +105,7 @@ def test_node_count_mismatch_fails_at_once_in_simulation():
 
     t0 = time.monotonic()
     with pytest.raises(ValueError, match=r"num_clients N = 7 .*got 6 connected SuperNodes"):
-        _start(_gau(num_clients=7), _Recorder(_app([make_gau_lrq_mod(secret=b"x" * 20)]), N))
+        _start(_gau(num_clients=7), _Recorder(_app([keyed_mod(b"x" * 20)]), N))
     took = time.monotonic() - t0
     print(f"in-process size mismatch failed after {took:.1f} s")
     assert took < 30  # the count is final after 1 s without change; the rest is the start's own set-up
@@ -116,12 +116,12 @@ def test_missing_secret_file_is_created_0600_and_its_path_logged(tmp_path, caplo
     with caplog.at_level(logging.WARNING):
         s = GauLRQ(num_clients=N, clip=0.5, epsilon=8.0, secret_file=str(path))
     assert path.is_file() and stat.S_IMODE(path.stat().st_mode) == 0o600 and len(path.read_bytes()) == 32
-    assert str(path) in caplog.text and "created the run secret file" in caplog.text
+    assert str(path) in caplog.text and "created the master secret file" in caplog.text
     assert load_secret(secret_file=str(path)) == path.read_bytes() and s.secret_file == str(path)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         GauLRQ(num_clients=N, clip=0.5, epsilon=8.0, secret_file=str(path))  # exists: reused, not re-created
-    assert "created the run secret file" not in caplog.text
+    assert "created the master secret file" not in caplog.text
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
@@ -131,11 +131,21 @@ def test_secret_file_readable_by_others_is_refused(tmp_path, mode):
     path.chmod(mode)
     with pytest.raises(ValueError, match=rf"{path}.*got mode {mode:04o}.*chmod 600"):
         GauLRQ(num_clients=N, clip=0.5, epsilon=8.0, secret_file=str(path))
-    with pytest.raises(ValueError, match="chmod 600"):  # the client side reads it through the same check
+    with pytest.raises(ValueError, match="chmod 600"):
         load_secret(secret_file=str(path))
 
 
-def test_missing_secret_file_on_the_client_names_what_it_is_and_how_to_make_it(tmp_path):
+def test_key_file_readable_by_others_is_refused_by_the_client(tmp_path):
+    from flower_dp.mechanisms.gau_lrq_codec import read_key_file, write_client_keys
+
+    keys = write_client_keys(b"first-hour-secret-0123456789", N, tmp_path / "keys")
+    path = keys / "client-2.key"
+    path.chmod(0o640)
+    with pytest.raises(ValueError, match=rf"{path}.*got mode 0640.*chmod 600"):
+        read_key_file(path, 2)
+
+
+def test_missing_secret_file_on_the_server_names_what_it_is_and_how_to_make_it(tmp_path):
     with pytest.raises(ValueError, match=r"does not exist.*GauLRQ\(secret_file=...\) creates it.*0o600"):
         load_secret(secret_file=str(tmp_path / "none.secret"))
 
@@ -163,5 +173,5 @@ def test_learning_warning_names_the_numbers_and_what_helps(caplog):
 
 def test_train_metrics_warning_when_not_published(caplog):
     with caplog.at_level(logging.WARNING):
-        _start(_gau(), _Recorder(_app([make_gau_lrq_mod(secret=b"first-hour-secret-0123456789")]), N), num_rounds=1)
+        _start(_gau(), _Recorder(_app([keyed_mod(b"first-hour-secret-0123456789")]), N), num_rounds=1)
     assert "train metrics (e.g. train_loss) are not published" in caplog.text
