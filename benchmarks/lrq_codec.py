@@ -25,7 +25,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -214,6 +217,8 @@ def _lrq_round(N: int, B: int, d_model: str = "lenet"):
     from flower_dp.strategies.gau_lrq import GauLRQ
 
     secret = b"flower-dp-benchmark-secret-0001"
+    key_home = tempfile.mkdtemp(prefix="flower-dp-bench-keys-")  # one key file per client (0600, folder 0700)
+    key_dir = str(Path(key_home) / "keys")
 
     def train(msg: Message, ctx: Context) -> Message:
         rng = np.random.default_rng(int(ctx.node_config["partition-id"]))
@@ -231,19 +236,20 @@ def _lrq_round(N: int, B: int, d_model: str = "lenet"):
             return list(range(100, 100 + N))
 
         def send_and_receive(self, messages, timeout=None):
-            probe_mod = make_gau_lrq_mod(secret=secret)
+            probe_mod = make_gau_lrq_mod(key_dir=key_dir)
             return [probe_mod(m, context(m), train) for m in messages]
 
     strategy = GauLRQ(num_clients=N, clients_per_round=B, clip=1.0, num_rounds=30, epsilon=3.0, delta=1e-5,
-                      secret=secret, stream_nonce="bench")
+                      secret=secret, stream_nonce="bench", key_dir=key_dir)
     model = build_model(d_model)
     arrays = ArrayRecord({k: Array(v.detach().numpy().copy()) for k, v in model.state_dict().items()})
     msgs = list(strategy.configure_train(1, arrays, ConfigRecord(), _Grid()))
-    mod = make_gau_lrq_mod(secret=secret, debug_metrics=True)  # bits_fixed: a local measurement, never released
+    mod = make_gau_lrq_mod(key_dir=key_dir, debug_metrics=True)  # bits_fixed: a local measurement, never released
     replies = []
     for m in msgs:
         replies.append(mod(m, context(m), train))
     strategy.aggregate_train(1, replies)
+    shutil.rmtree(key_home, ignore_errors=True)
     return strategy, msgs, replies
 
 

@@ -374,14 +374,14 @@ def _user_train(msg: Message, ctx: Context) -> Message:
 
 
 def _train_message(strategy, rnd: int = 1):
-    from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+    from lrq_keys import keyed_mod
 
     class _Grid:
         def get_node_ids(self):
             return list(range(100, 100 + strategy.N))
 
         def send_and_receive(self, messages, timeout=None):  # GauLRQ's probe, answered by the mod
-            mod = make_gau_lrq_mod(secret=SECRET)
+            mod = keyed_mod(SECRET)
             return [mod(m, Context(run_id=1, node_id=m.metadata.dst_node_id, state=RecordDict(), run_config={},
                                    node_config={"partition-id": m.metadata.dst_node_id - 100}), _user_train)
                     for m in messages]
@@ -393,14 +393,15 @@ def _train_message(strategy, rnd: int = 1):
 @pytest.mark.parametrize("method", ["lrq", "gaussian", "qg", "bq", "none"])
 def test_gau_lrq_client_reply_is_the_encoded_update_only(flwr_identity, method):
     """The mod's reply: the encoded update, its public metadata and the user's own metrics, untouched."""
-    from flower_dp.clients.lrq_mod import META_KEY, PAYLOAD_KEY, make_gau_lrq_mod
+    from flower_dp.clients.lrq_mod import META_KEY, PAYLOAD_KEY
+    from lrq_keys import keyed_mod
     from flower_dp.mechanisms.gau_lrq_codec import lrq_public_range
     from flower_dp.strategies.gau_lrq import GauLRQ
 
     s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, method=method,
                secret=SECRET, stream_nonce="rel")
     for debug in (False, True):
-        mod = make_gau_lrq_mod(secret=SECRET, debug_metrics=debug)
+        mod = keyed_mod(SECRET, debug_metrics=debug)
         for m in _train_message(s):
             ctx = Context(run_id=1, node_id=m.metadata.dst_node_id,
                           node_config={"partition-id": m.metadata.dst_node_id - 100}, state=RecordDict(), run_config={})
@@ -425,11 +426,11 @@ def test_gau_lrq_results_publish_no_client_statistics(flwr_identity, tmp_path):
     from flower_dp.experiments.gau_lrq import InProcessGrid, _task_identity
     from flwr.clientapp import ClientApp
 
-    from flower_dp.clients.lrq_mod import make_gau_lrq_mod
+    from lrq_keys import keyed_mod
     from flower_dp.strategies.gau_lrq import GauLRQ
 
     def app(debug):
-        a = ClientApp(mods=[make_gau_lrq_mod(secret=SECRET, debug_metrics=debug)])
+        a = ClientApp(mods=[keyed_mod(SECRET, debug_metrics=debug)])
 
         def train(msg, ctx):
             if int(ctx.node_config["partition-id"]) == 0:
@@ -497,7 +498,8 @@ def test_a_finished_run_from_before_debug_metrics_is_still_reused(tmp_path):
 def test_gau_lrq_diverged_client_sends_a_zero_update_not_an_error(flwr_identity):
     """A non-finite local update (a data-dependent event) is not revealed by an error reply: the mod encodes a
     zero update (inside the clip ball, covered by the charge; distributed like a compensated dropped client)."""
-    from flower_dp.clients.lrq_mod import META_KEY, make_gau_lrq_mod
+    from flower_dp.clients.lrq_mod import META_KEY
+    from lrq_keys import keyed_mod
     from flower_dp.strategies.gau_lrq import GauLRQ
 
     def diverged(msg, ctx):
@@ -508,7 +510,7 @@ def test_gau_lrq_diverged_client_sends_a_zero_update_not_an_error(flwr_identity)
     s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, secret=SECRET,
                stream_nonce="rel", keep_decoded=True)
     msgs = _train_message(s)
-    mod = make_gau_lrq_mod(secret=SECRET)
+    mod = keyed_mod(SECRET)
     replies = []
     for m in msgs:
         ctx = Context(run_id=1, node_id=m.metadata.dst_node_id,

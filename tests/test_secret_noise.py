@@ -296,7 +296,7 @@ def test_gau_lrq_resume_reuses_the_checkpointed_runs_own_secret(tmp_path):
             raise Crash()
         return train(msg, ctx)
 
-    app = ClientApp(mods=[make_gau_lrq_mod(str(tmp_path / "lrq.secret"))])  # the file the run writes (read per message)
+    app = ClientApp(mods=[make_gau_lrq_mod()])  # its own key from the run's key folder (run config lrq-key-dir)
     app.train()(crashing)
     with pytest.raises(Crash):
         run_gau_lrq("gau-lrq", out_dir=tmp_path, client_app=app, **small)
@@ -304,7 +304,7 @@ def test_gau_lrq_resume_reuses_the_checkpointed_runs_own_secret(tmp_path):
     ck_nonce = json.loads((tmp_path / "results.json").read_text())["config"]["stream_nonce"]
     res = run_gau_lrq("gau-lrq", out_dir=tmp_path, resume=True, **small)
     assert (tmp_path / "lrq.secret").read_bytes() == secret and res["config"]["stream_nonce"] == ck_nonce
-    with pytest.raises(ValueError, match="run secret"):
+    with pytest.raises(ValueError, match="master secret"):
         run_gau_lrq("gau-lrq", out_dir=tmp_path / "empty", resume=True, **small)
 
 
