@@ -76,10 +76,10 @@ class RoundAggregation:
         part of the hidden sample); stop after ``max_failed_rounds`` consecutive rounds where every client failed."""
         log(INFO, "aggregate_train: Received %s results and %s failures", len(valid), len(replies) - len(valid))
         errors = [m for m in replies if m.has_error()]
-        if errors:
+        if errors:  # a client's error reason may name it (or hold its data): DEBUG, beside its node id
             log(WARNING, "GauLRQ round %d: %d sampled client(s) replied with an error and are dropped from the average "
-                "(their node ids at DEBUG only: they would reveal part of the hidden sample); an error: %s",
-                server_round, len(errors), errors[0].error.reason)
+                "(node ids and reasons at DEBUG only: they would reveal part of the hidden sample)", server_round,
+                len(errors))
         for m in errors:
             log(DEBUG, "GauLRQ round %d: node %d replied with an error: %s", server_round, m.metadata.src_node_id,
                 m.error.reason)
