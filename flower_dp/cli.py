@@ -19,6 +19,7 @@ __all__ = ["main", "build_parser"]
 #: (module, attribute) pairs providing ``register(subparsers)``, in help order.
 COMMANDS: list[tuple[str, str]] = [
     ("flower_dp.experiments.cli_run", "register"),
+    ("flower_dp.experiments.cli_lrq_keys", "register"),
     ("flower_dp.privacy.cli", "register"),
     ("flower_dp.audit_cli", "register"),
     ("flower_dp.bench_cli", "register"),

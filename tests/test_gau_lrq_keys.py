@@ -327,3 +327,23 @@ def test_log_records_name_no_sampled_or_failed_node(tmp_path, caplog):
     assert not re.search(r"partition[- ]?(id)?\s*\d", text)
     debug = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
     assert any(str(node) in debug for node in range(first, first + n) if node not in sampled)  # the failed ones
+
+
+def test_lrq_keys_command_exports_each_clients_key_and_refuses_a_key_as_the_master(tmp_path, capsys):
+    """``flower-dp lrq-keys``: the files a deployment gives its SuperNodes, one each, equal to what the server
+    derives; given a client key file instead of the master secret it refuses, naming why."""
+    from flower_dp.cli import main
+
+    secret_file = tmp_path / "lrq.secret"
+    codec.create_secret_file(secret_file)
+    master = read_secret_file(secret_file)
+    assert main(["lrq-keys", "--secret-file", str(secret_file), "--num-clients", "4", "--out", str(tmp_path / "k")]) == 0
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == [f"client-{i}.key" for i in range(4)]
+    assert all(read_key_file(tmp_path / "k" / f"client-{i}.key", i) == client_key(master, i) for i in range(4))
+    assert main(["lrq-keys", "--secret-file", str(secret_file), "--num-clients", "4", "--partition-id", "2",
+                 "--out", str(tmp_path / "one")]) == 0
+    assert [p.name for p in (tmp_path / "one").iterdir()] == ["client-2.key"]
+    assert "client-2.key" in capsys.readouterr().out
+    assert main(["lrq-keys", "--secret-file", str(tmp_path / "k" / "client-0.key"), "--num-clients", "4",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "is a client key file" in capsys.readouterr().err
