@@ -29,8 +29,9 @@ def test_readme_diff_applies_to_the_template_layout(tmp_path):
 @pytest.mark.slow
 def test_readme_diff_runs_as_written_with_flwr_run_and_learns(tmp_path, monkeypatch):
     """Template app + the README's diff -> `flwr run` (100 SuperNodes, the README's run line): GauLRQ creates the
-    secret file (0600, path logged), trains 5 rounds at eps 8, and the template's ``global_evaluate`` on held-out
-    data ends well above chance (0.1)."""
+    master secret file (0600, path logged) and one key file per client (0600, folder 0700), trains 5 rounds at eps 8
+    (each ClientApp reading its own key), and the template's ``global_evaluate`` on held-out data ends well above
+    chance (0.1)."""
     from flwr_run_helper import flwr_run
 
     app = template_app(tmp_path)
@@ -44,6 +45,10 @@ def test_readme_diff_runs_as_written_with_flwr_run_and_learns(tmp_path, monkeypa
     assert secret.is_file(), text[-5000:]
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and str(secret) in text
     assert secret.read_bytes().hex() not in text
+    keys = home / ".flower_dp" / "gau_lrq.keys"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    assert sorted(p.name for p in keys.iterdir()) == sorted(f"client-{i}.key" for i in range(NUM_SUPERNODES))
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in keys.iterdir())
     assert "FINAL_ARRAYS ['conv1.bias', 'conv1.weight'" in text, text[-5000:]
     assert "learning is implausible" not in text  # the README's setting is below the warning threshold
     acc = last_global_accuracy(text)
