@@ -33,9 +33,10 @@ def _wait_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 12
 
 
 @contextmanager
-def deployment(tmp_path: Path, n_supernodes: int, poll_s: float = 0.1):
+def deployment(tmp_path: Path, n_supernodes: int, poll_s: float = 0.1, node_config=lambda i: ""):
     """Yield ``run(app, run_config, timeout) -> dict``; stops every process on exit.  ``poll_s``: the SuperNodes'
-    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's default 1 s)."""
+    ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's default 1 s); ``node_config(i)``: more of SuperNode i's
+    ``--node-config`` (e.g. its own key file)."""
     bin_dir = Path(sys.executable).parent
     home = tmp_path / "flwr_home"
     home.mkdir()
@@ -61,7 +62,8 @@ def deployment(tmp_path: Path, n_supernodes: int, poll_s: float = 0.1):
                 log = home / f"supernode{i}.log"
                 procs.append(subprocess.Popen(
                     [str(bin_dir / "flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{port}",
-                     "--port", str(free_port()), "--node-config", f"partition-id={i} num-partitions={n_supernodes}"],
+                     "--port", str(free_port()), "--node-config",
+                     f"partition-id={i} num-partitions={n_supernodes} {node_config(i)}".strip()],
                     env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True))
 
             def run(app: Path, run_config: str, timeout: int = 500) -> dict:

@@ -1,6 +1,7 @@
 """Gau-LRQ on Flower's deployment engine: a real ``flower-superlink`` and 4 ``flower-supernode`` processes on
-127.0.0.1 (``--node-config "partition-id=i num-partitions=4"``), the example app ``examples/gau_lrq`` through
-``flwr run`` to the end.  Every process is stopped in teardown (tests/flwr_deploy_helper.py).
+127.0.0.1 (``--node-config "partition-id=i num-partitions=4 lrq-key-file='.../client-i.key'"``: each SuperNode gets
+only its own key, exported with ``flower-dp lrq-keys`` as docs/flower.md says), the example app ``examples/gau_lrq``
+through ``flwr run`` to the end.  Every process is stopped in teardown (tests/flwr_deploy_helper.py).
 
 B = N = 4: every round trains every SuperNode, so ``received == 4`` in every round means that all four took part
 (the strategy rejects a partition id seen twice in a round).  z is fixed and the budget is set above what the
@@ -27,11 +28,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_gau_lrq_example_runs_to_the_end_on_the_deployment_engine(tmp_path):
     from flower_dp.privacy.gau_lrq import client_level_epsilon
 
-    out, secret_file = tmp_path / "out", tmp_path / "lrq.secret"
+    from flower_dp.cli import main
+    from flower_dp.mechanisms.gau_lrq_codec import create_secret_file
+
+    out, secret_file, keys = tmp_path / "out", tmp_path / "lrq.secret", tmp_path / "keys"
+    create_secret_file(secret_file)  # the server's master secret; the SuperNodes get one exported key each
+    assert main(["lrq-keys", "--secret-file", str(secret_file), "--num-clients", str(N), "--out", str(keys)]) == 0
     run_config = (f"num-clients={N} clients-per-round={N} num-rounds={K} local-steps=16 lr=0.05 per-class=20 "
                   f"test-samples=500 noise-multiplier={Z} epsilon={EPS} delta={DELTA} "
-                  f"out-dir='{out}' lrq-secret-file='{secret_file}'")
-    with deployment(tmp_path, N) as run:
+                  f"out-dir='{out}' lrq-secret-file='{secret_file}' lrq-key-dir=''")
+    with deployment(tmp_path, N, node_config=lambda i: f"lrq-key-file='{keys / f'client-{i}.key'}'") as run:
         r = run(APP, run_config, timeout=800)
     text = r["output"] + r["logs"]
 
@@ -75,9 +81,10 @@ def test_gau_lrq_example_runs_to_the_end_on_the_deployment_engine(tmp_path):
     assert len(acc) == K + 1 and all(isinstance(a, float) and 0 <= a <= 1 for a in acc), acc
     assert acc[-1] > acc[0], acc
 
-    # the secret never leaves its file
+    # the secret never leaves its file, nor does any key
     secret = secret_file.read_bytes()
     assert len(secret) >= 16 and secret.hex() not in res.read_text() and secret.hex() not in text
+    assert not any((keys / f"client-{i}.key").read_text().split()[-1] in text for i in range(N))
 
     print(f"deployment Gau-LRQ: flwr run {r['wall_s']:.1f} s for {K} rounds on {N} SuperNodes "
           f"(accuracy {acc[0]:.3f} -> {acc[-1]:.3f}, eps_rigorous {eps[-1]:.2f} <= {EPS})")

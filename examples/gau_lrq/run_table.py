@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="calibrate every private method to this client-level eps (instead of a fixed z)")
     ap.add_argument("--model", default="lenet")
     for k, v in rc.items():
-        if k not in ("method", "tau", "out-dir", "lrq-secret-file", "epsilon"):
+        if k not in ("method", "tau", "out-dir", "lrq-secret-file", "lrq-key-dir", "epsilon"):
             ap.add_argument(f"--{k}", type=type(v), default=v)
     a = vars(ap.parse_args(argv))
     z = float(a["noise_multiplier"])

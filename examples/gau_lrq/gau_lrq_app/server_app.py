@@ -42,7 +42,10 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     secret_file = ensure_secret_file(str(rc["lrq-secret-file"]))
     out = Path(str(rc.get("out-dir", "gau_lrq_results"))).resolve() / str(rc["method"])
-    strategy = make_strategy(rc, secret_file=secret_file, out_dir=str(out), key_dir=str(rc["lrq-key-dir"]))
+    # simulation: GauLRQ writes each client's key into lrq-key-dir; deployment (lrq-key-dir=''): the SuperNodes were
+    # given their own key files (flower-dp lrq-keys, --node-config lrq-key-file=...)
+    key_dir = str(rc.get("lrq-key-dir", "")) or None
+    strategy = make_strategy(rc, secret_file=secret_file, out_dir=str(out), key_dir=key_dir)
     strategy.start(grid=grid, initial_arrays=model_to_arrays(new_model(seed=int(rc.get("seed", 0)))),
                    num_rounds=int(rc["num-rounds"]), train_config=train_config(rc),
                    timeout=float(rc.get("round-timeout-s", 600.0)),
