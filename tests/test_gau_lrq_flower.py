@@ -61,10 +61,10 @@ def accuracy(arrays: ArrayRecord) -> float:
     return float(np.mean(np.argmax(x @ arrays["w"].numpy() + arrays["b"].numpy(), 1) == y))
 
 
-def user_client_app(secret_file: str | None = None) -> ClientApp:
-    """An ordinary Flower ClientApp; the only Gau-LRQ line is the mod (``secret_file`` None: the mod reads the
-    run config's ``lrq-secret-file``)."""
-    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+def user_client_app() -> ClientApp:
+    """An ordinary Flower ClientApp; the only Gau-LRQ line is the mod (each node reads its own key from the run
+    config's ``lrq-key-dir``)."""
+    app = ClientApp(mods=[make_gau_lrq_mod()])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -95,7 +95,7 @@ def _main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     spec = json.loads(Path(str(rc["spec-file"])).read_text())
     for i, kw in enumerate(spec["strategies"]):
-        s = GauLRQ(**kw)
+        s = GauLRQ(**kw, key_dir=str(rc["lrq-key-dir"]))
         # a lost reply ends its round after 300 s (a round takes ~1 s) instead of Flower's default hour
         result = s.start(grid=grid, initial_arrays=_initial(), num_rounds=spec["num_rounds"], timeout=300,
                          evaluate_fn=lambda r, a: MetricRecord({"accuracy": accuracy(a)}))
@@ -147,7 +147,7 @@ def _run(strategies: list[dict], secret_file: str, num_rounds: int, tmp_path: Pa
     run = run_app(f"{__name__}:server_app", f"{__name__}:client_app", num_supernodes=N, work_dir=tmp_path / "flwr",
                   pythonpath=[HERE], timeout_s=600,
                   run_config={"spec-file": str(tmp_path / "spec.json"), "out-dir": str(out),
-                              "lrq-secret-file": secret_file})
+                              "lrq-secret-file": secret_file, "lrq-key-dir": str(tmp_path / "keys")})
     done = [out / str(i) for i in range(len(strategies)) if (out / str(i) / "arrays.npz").is_file()]
     assert len(done) == len(strategies), f"the ServerApp did not finish:\n{run.tail()}"
     return [_read_record(d) for d in done], run.text
@@ -272,7 +272,7 @@ def test_run_gau_lrq_simulation_of_a_failing_client_app_raises_with_the_stop_rea
     RuntimeError with the stop reason; results.json says failed; no copy of the secret is left behind."""
     from flower_dp.experiments.gau_lrq import run_gau_lrq
 
-    app = ClientApp(mods=[make_gau_lrq_mod()])  # the secret file named in the run config
+    app = ClientApp(mods=[make_gau_lrq_mod()])  # its own key from the key folder named in the run config
     app.train()(_crashing_train)
     tmp = Path(tempfile.gettempdir())
     with pytest.raises(RuntimeError, match=r"without finishing the ServerApp \(stop reason 'failed: RuntimeError"):
@@ -300,7 +300,8 @@ def test_flwr_run_gau_lrq_example_app(tmp_path):
     out = tmp_path / "out"
     text = flwr_run(app, tmp_path, federation_config="num-supernodes=6",
                     run_config=(f"num-clients=6 clients-per-round=3 num-rounds=2 local-steps=2 test-samples=200 "
-                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'"))
+                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}' "
+                                f"lrq-key-dir='{tmp_path / 'keys'}'"))
     res = out / "lrq" / "results.json"
     assert res.is_file(), text[-4000:]
     doc = json.loads(res.read_text())
@@ -314,7 +315,7 @@ def test_flwr_run_gau_lrq_example_app(tmp_path):
 def _mismatch_main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     s = GauLRQ(num_clients=5, clients_per_round=2, clip=CLIP, epsilon=8.0, num_rounds=2,
-               secret_file=str(rc["lrq-secret-file"]), fraction_evaluate=0.0)
+               secret_file=str(rc["lrq-secret-file"]), key_dir=str(rc["lrq-key-dir"]), fraction_evaluate=0.0)
     t0 = time.monotonic()
     try:
         s.start(grid=grid, initial_arrays=_initial(), timeout=300)
@@ -330,7 +331,7 @@ def test_size_mismatch_fails_fast_in_a_flower_simulation(secret_file, tmp_path):
     out = tmp_path / "seen.json"
     run = run_app(f"{__name__}:mismatch_server_app", f"{__name__}:client_app", num_supernodes=4,
                   work_dir=tmp_path / "flwr", pythonpath=[HERE], timeout_s=600,
-                  run_config={"out-file": str(out), "lrq-secret-file": path})
+                  run_config={"out-file": str(out), "lrq-secret-file": path, "lrq-key-dir": str(tmp_path / "keys")})
     assert out.is_file(), f"the ServerApp did not fail with a ValueError:\n{run.tail()}"
     seen = json.loads(out.read_text())
     print(f"size mismatch in simulation: failed {seen['s']:.1f} s after start(), flwr run took {run.wall_s:.1f} s")

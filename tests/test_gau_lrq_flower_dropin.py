@@ -34,10 +34,10 @@ def _metrics(pid: int, rnd: int) -> dict:
     return {"num-examples": 8 * (pid + 1), "loss": 2.0 / (pid + 1) + 0.5 * rnd}
 
 
-def _client_app(secret_file: str | None = None) -> ClientApp:
-    """A user's ClientApp (train + evaluate); the Gau-LRQ line is the mod (``secret_file`` None: the mod reads the
-    run config's ``lrq-secret-file``)."""
-    app = ClientApp(mods=[make_gau_lrq_mod(secret_file)])
+def _client_app() -> ClientApp:
+    """A user's ClientApp (train + evaluate); the Gau-LRQ line is the mod (each node reads its own key from the run
+    config's ``lrq-key-dir``)."""
+    app = ClientApp(mods=[make_gau_lrq_mod()])
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -74,7 +74,7 @@ def _main(grid: Grid, context: Context) -> None:
               min_available_nodes=N, train_metrics_aggr_fn=train_aggr)
     FedAvg(**kw)  # what the user had
     strategy = GauLRQ(**kw, num_clients=N, clip=0.5, epsilon=100.0, noise_multiplier=1.0,
-                      secret_file=str(rc["lrq-secret-file"]), keep_decoded=True)
+                      secret_file=str(rc["lrq-secret-file"]), key_dir=str(rc["lrq-key-dir"]), keep_decoded=True)
     result = strategy.start(grid=grid, initial_arrays=ArrayRecord({"w": Array(np.zeros(D, np.float32))}),
                             num_rounds=2, timeout=300)
     Path(str(rc["out-file"])).write_text(json.dumps({
@@ -95,7 +95,8 @@ def test_user_serverapp_swaps_fedavg_for_gau_lrq_with_the_same_keywords(tmp_path
     out = tmp_path / "seen.json"
     run = run_app(f"{__name__}:server_app", f"{__name__}:client_app", num_supernodes=N, work_dir=tmp_path / "flwr",
                   pythonpath=[Path(__file__).resolve().parent], timeout_s=600,
-                  run_config={"out-file": str(out), "lrq-secret-file": str(secret)})
+                  run_config={"out-file": str(out), "lrq-secret-file": str(secret),
+                              "lrq-key-dir": str(tmp_path / "keys")})
     assert out.is_file(), f"the ServerApp did not finish:\n{run.tail()}"
     got = json.loads(out.read_text())
     seen, decoded = got["seen"], {int(k): v for k, v in got["decoded_pids"].items()}
@@ -124,7 +125,8 @@ def test_flwr_run_example_with_flowers_default_runtime_dependency_installation(t
     app = Path(__file__).resolve().parents[1] / "examples" / "gau_lrq"
     text = flwr_run(app, tmp_path, federation_config="num-supernodes=4", runtime_install=True,
                     run_config=(f"num-clients=4 clients-per-round=2 num-rounds=2 local-steps=1 test-samples=100 "
-                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}'"))
+                                f"out-dir='{out}' lrq-secret-file='{tmp_path / 'lrq.secret'}' "
+                                f"lrq-key-dir='{tmp_path / 'keys'}'"))
     assert "App dependencies installed successfully via uv sync" in text, text[-4000:]
     res = out / "lrq" / "results.json"
     assert res.is_file(), text[-4000:]
