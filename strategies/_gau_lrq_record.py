@@ -74,7 +74,7 @@ class RunRecord:
         self.stream_nonce = ck["stream_nonce"]
         self._set_run_keys()
         if self._secret_check() != ck["secret_check"]:
-            raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the run secret differs from the one of the "
+            raise CheckpointError(f"cannot resume {str(self.out_dir)!r}: the master secret differs from the one of the "
                                   "checkpointed run; use the same secret file")
         self.rounds = list(ck["rounds"])
         self.initial_evaluate = ck.get("initial_evaluate")

@@ -458,7 +458,7 @@ def decode(msg: LRQMessage, sigma: float, key: bytes | int) -> np.ndarray:
     if not hmac.compare_digest(expected, bytes(msg.tag)):
         raise DecodeError(
             f"LRQ message failed its integrity check (d={msg.d}); got a tag that does not match this key: "
-            "the key (round, client or run secret) differs from the encoder's, or the message was altered"
+            "the key (round, client or the secret it derives from) differs from the encoder's, or the message was altered"
         )
     if float(msg.sigma) != sigma:
         raise DecodeError(f"sigma mismatch: the message was encoded with sigma={msg.sigma!r}, got sigma={sigma!r}; "

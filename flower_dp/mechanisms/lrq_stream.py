@@ -1,6 +1,6 @@
 """The LRQ key and the randomness client and server share (spec ``gau-lrq.md`` §2.4).
 
-The key of (run secret, round, client) (:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of
+The key of (the client's run key, round, client) (:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of
 ``chunk_size`` coordinates (in flattened-parameter order) uses ``Generator(Philox(SeedSequence(entropy,
 spawn_key=(c,))))`` and draws all of z (``standard_normal``) then all of v (``1 - random``), in the layer dtype.
 A second, domain-separated hash of the key keys the message's HMAC tag.  Both sides draw the same stream, so the
@@ -20,7 +20,7 @@ __all__ = ["lrq_key", "key_bytes", "stream_entropy", "mac_key", "chunk_rng", "dr
 
 
 def lrq_key(run_secret: bytes | str | int, round_k: int, client: int) -> bytes:
-    """The 32-byte LRQ key of (run secret, round, client); never reuse one across rounds/clients."""
+    """The 32-byte LRQ key of (a secret: Gau-LRQ passes the client's run key, round, client); never reuse one."""
     if isinstance(run_secret, str):
         run_secret = run_secret.encode()
     elif isinstance(run_secret, int) and not isinstance(run_secret, bool):

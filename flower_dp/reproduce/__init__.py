@@ -106,7 +106,7 @@ def reproduce(
     out : output folder (default ``runs/reproduce/<paper>-<table>-<scale>``)
     seeds : number of seeds (default: the paper's default for the scale; the papers averaged 5 runs)
     reproducible : False (default): privacy noise and private sampling come from each node's own secret
-        (Gau-LRQ: a fresh run secret and nonce), as in a real deployment, so the reported eps holds against
+        (Gau-LRQ: a fresh master secret and nonce), as in a real deployment, so the reported eps holds against
         everyone who reads the results.  True: the seeded simulation mode (the same numbers on every run
         and backend; the guarantee holds only against parties that do not know the seed); the report says so.
     jobs : runs at once, each in its own process with one torch thread (use one per core)
