@@ -149,7 +149,9 @@ class RoundAdmission:
             if not 0 <= pid < self.N or pid in pids:
                 problems.append(f"node {n}: partition-id {pid}, got it twice or outside [0, {self.N})")
             elif meta[PROBE_TAG_META] != probe_tag(self._client_run_key(pid), pid):
-                problems.append(f"node {n} (partition {pid}): {self._wrong_key(pid, str(meta[PROBE_TAG_META]))}")
+                why = (self._wrong_key(pid, str(meta[PROBE_TAG_META])) if len(problems) < 5 else  # the ones shown
+                       "holds a key that is not its own")
+                problems.append(f"node {n} (partition {pid}): {why}")
             pids[pid] = n
         if problems:
             raise RuntimeError(
