@@ -89,3 +89,27 @@ def test_docstrings_do_not_call_a_refused_configuration_the_tightest():
     accountant = doc[doc.index("accountant : "):doc.index("secret, secret_file")]
     assert "WITHOUT_REPLACEMENT + REPLACE_ONE is the tightest" in accountant
     assert "POISSON + ADD_OR_REMOVE_ONE is the tightest" not in doc and "refused" in accountant
+
+
+def _parsers(parser, prefix="flower-dp"):
+    """(name, parser) of ``parser`` and of every sub-command under it."""
+    import argparse
+
+    yield prefix, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _parsers(sub, f"{prefix} {name}")
+
+
+def test_cli_help_texts_name_only_flags_that_exist():
+    """Every ``--flag`` a help text mentions is an option of that command (``--sigma`` and ``--nu`` are gone)."""
+    import re
+
+    from flower_dp.cli import build_parser
+
+    for name, p in _parsers(build_parser()):
+        flags = {s for a in p._actions for s in a.option_strings}
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", p.format_help()))
+        assert named <= flags, f"{name} --help names {sorted(named - flags)}, which it does not take"
+    assert "--sigma" not in dict(_parsers(build_parser()))["flower-dp accountant"].format_help()
