@@ -51,7 +51,8 @@ from .accountant import DEFAULT_ACCOUNTANT, GaussianStep, epsilon_and_bound
 
 __all__ = ["Party", "PARTIES", "DEFAULT_PARTY", "FAMILIES", "check_party", "gau_lrq_party_epsilon",
            "gau_lrq_party_steps", "gau_lrq_eps_by_party", "gau_lrq_party_epsilon_and_bound", "network_observer_epsilon", "push_sum_eps_by_party",
-           "NO_PER_CLIENT_KEYS", "SERVER_DECODES", "RELAY_CHECKPOINT", "party_label"]
+           "NO_PER_CLIENT_KEYS", "SERVER_DECODES", "RELAY_CHECKPOINT", "party_label",
+           "push_sum_eps_by_party_from_reports", "check_push_sum_party"]
 
 FAMILIES = ("gau_lrq", "push_sum")
 
@@ -253,3 +254,32 @@ def push_sum_eps_by_party(eps: float | None, delta: float | None, bound: str, *,
         out["relay"] = entry(None if transport == "relay" else
                              f"transport={transport!r}: no orchestrator relays the shares")
     return {name: out[name] for name in PARTIES["push_sum"]}
+
+
+def push_sum_eps_by_party_from_reports(per_node: list[dict], *, transport: str | None,
+                                       states_to_server: bool) -> dict[str, dict]:
+    """:func:`push_sum_eps_by_party` of the nodes' privacy reports (the largest eps over the nodes at their delta,
+    :func:`flower_dp.privacy.reports.largest_node_spend`); ``states_to_server``: the nodes' states come back to the
+    server (a checkpoint, or Ray's in-memory restarts).  No report: every entry None, saying so."""
+    reps = [r for r in per_node or [] if r.get("eps_rigorous") is not None or r.get("eps_heuristic") is not None]
+    if not reps:
+        return {name: {"eps": None, "reason": "the nodes report no privacy (no privacy plan)"}
+                for name in PARTIES["push_sum"]}
+    rep = max(reps, key=lambda r: float(r.get("eps_rigorous") if r.get("eps_rigorous") is not None
+                                        else r["eps_heuristic"]))
+    heuristic = rep.get("eps_rigorous") is None
+    eps = float(rep["eps_heuristic"] if heuristic else rep["eps_rigorous"])
+    bound = f"node accountant ({rep.get('accountant', 'auto')}, {rep.get('adjacency', '')} record-level, largest over " \
+            "the nodes)"
+    return push_sum_eps_by_party(eps, rep.get("delta"), bound, transport=transport, checkpoint=states_to_server,
+                                 heuristic=heuristic)
+
+
+def check_push_sum_party(party: str | None, *, states_to_server: bool) -> str:
+    """``party`` checked for a push-sum run (None: ``"out_neighbour"``); ``"relay"`` is refused when the nodes'
+    states come back to the server (no eps holds for it then)."""
+    party = check_party("push_sum", party)
+    if party == "relay" and states_to_server:
+        raise ValueError(f"party='relay' has no eps in this run: {RELAY_CHECKPOINT}; pass checkpoint=False (and "
+                         "max_retries=0 on Ray) or calibrate to 'out_neighbour'")
+    return party
