@@ -18,7 +18,7 @@ from flower_dp.engine import save_round, with_status
 from flower_dp.errors import CheckpointError
 from flower_dp.mechanisms.gau_lrq_codec import PAPER_NAMES, run_key
 from flower_dp.privacy.accountant import BOUNDS
-from flower_dp.privacy.parties import gau_lrq_party_epsilon_and_bound
+from flower_dp.privacy.parties import PARTIES, gau_lrq_party_epsilon_and_bound
 from flower_dp.rng import noise_record
 
 from ._gau_lrq_aggregate import _array
@@ -167,9 +167,10 @@ class RunRecord:
                                     else 0.0))
         if self.heuristic_note is not None:
             out["privacy_note"] = self.heuristic_note
-        if sch is not None:
-            out["party"] = self.party
-            out["eps_by_party"] = self._eps_by_party(done)
+        out["party"] = self.party
+        out["eps_by_party"] = (self._eps_by_party(done) if sch is not None else
+                               {name: {"eps": None, "reason": "not private: method='none' adds no noise"}
+                                for name in PARTIES["gau_lrq"]})
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
         acc0 = (self.initial_evaluate or {}).get("accuracy")
         out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]
