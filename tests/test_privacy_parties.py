@@ -61,6 +61,8 @@ def test_network_observer_with_every_client_sampled_is_the_plain_gaussian_compos
 
     got = network_observer_epsilon(np.full(5, 2.0), 1e-5, B=4, N=4)
     assert got == pytest.approx(eps_from_mu_delta(math.sqrt(5) * 2 / 2.0, 1e-5), rel=1e-9)
+    # the same sensitivity and noise as the code's own Gau-LRQ accounting: with nothing to amplify, its PLD agrees
+    assert got == pytest.approx(gau_lrq_party_epsilon("model_observer", np.full(5, 2.0), 1e-5, B=4, N=4), rel=1e-6)
 
 
 def test_dynamic_schedule_is_charged_at_its_smallest_z():
