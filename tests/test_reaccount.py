@@ -128,7 +128,8 @@ def test_committed_gau_lrq_records_carry_every_partys_eps_of_their_own_settings(
         assert set(by) == set(PARTIES["gau_lrq"]), (folder, r["run_id"])
         assert by["server"]["eps"] is None and by["client"]["eps"] is None
         cfg = specs[r["run_id"]]
-        key = (r["z_first"], r["z_last"], r["num_iters"], r.get("eps_rigorous") is None, json.dumps(cfg, sort_keys=True))
+        key = (r["z_first"], r["z_last"], r["num_iters"], r.get("eps_rigorous") is None,
+               json.dumps(cfg, sort_keys=True))
         if key not in _SEEN:  # the seeds of a cell share their settings: computed once
             _SEEN[key] = gau_lrq_record_parties(r, cfg)
         assert by == _SEEN[key], (folder, r["run_id"])

@@ -35,7 +35,7 @@ Push-sum (each node perturbs what it sends; the per-node eps is record-level, th
 - ``out_neighbour``: receives a node's shares (the per-node eps, bound of the node's accountant).
 - ``relay``: the orchestrator relaying every share (``transport="relay"``): sees every node's shares, the same
   charge as an out-neighbour (the per-node eps covers every share a node sends).  With ``checkpoint=True`` the
-  nodes' states (parameters before noise, noise streams' positions) come back to the server after each round: no eps.
+  nodes' states (their parameters before noise) come back to the server after each round: no eps.
 - ``model_observer``: the network-average model: a post-processing of the shares, at most the out-neighbour's eps.
 """
 
@@ -50,7 +50,8 @@ from .._checks import check_int
 from .accountant import DEFAULT_ACCOUNTANT, GaussianStep, epsilon_and_bound
 
 __all__ = ["Party", "PARTIES", "DEFAULT_PARTY", "FAMILIES", "check_party", "gau_lrq_party_epsilon",
-           "gau_lrq_party_steps", "gau_lrq_eps_by_party", "gau_lrq_party_epsilon_and_bound", "network_observer_epsilon", "push_sum_eps_by_party",
+           "gau_lrq_party_steps", "gau_lrq_eps_by_party", "gau_lrq_party_epsilon_and_bound",
+           "network_observer_epsilon", "push_sum_eps_by_party",
            "NO_PER_CLIENT_KEYS", "SERVER_DECODES", "RELAY_CHECKPOINT", "party_label",
            "push_sum_eps_by_party_from_reports", "check_push_sum_party"]
 
@@ -269,8 +270,8 @@ def push_sum_eps_by_party_from_reports(per_node: list[dict], *, transport: str |
                                         else r["eps_heuristic"]))
     heuristic = rep.get("eps_rigorous") is None
     eps = float(rep["eps_heuristic"] if heuristic else rep["eps_rigorous"])
-    bound = f"node accountant ({rep.get('accountant', 'auto')}, {rep.get('adjacency', '')} record-level, largest over " \
-            "the nodes)"
+    bound = (f"node accountant ({rep.get('accountant', 'auto')}, {rep.get('adjacency', '')} record-level, largest "
+             "over the nodes)")
     return push_sum_eps_by_party(eps, rep.get("delta"), bound, transport=transport, checkpoint=states_to_server,
                                  heuristic=heuristic)
 
