@@ -230,7 +230,7 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
               samples_per_node: int | list[int], num_iters: int, topology: str = "exp_one_peer",
               topology_kwargs: dict[str, Any] | None = None, seed: int = 0,
-              reproducible: bool = False) -> dict[str, Any]:
+              reproducible: bool = False, party: str | None = None) -> dict[str, Any]:
     """Server side of a drop-in run with your own model: the node spec for :class:`PushSumStrategy`.
 
     Parameters
@@ -251,15 +251,24 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
         False (default): each node draws its privacy noise and batches from its own secret (OS
         entropy).  True: the simulation mode keyed by ``seed`` (same numbers on every backend; the
         guarantee holds only against parties that do not know the seed).
+    party : str, optional
+        Whom the eps is stated for (:mod:`flower_dp.privacy.parties`): ``"out_neighbour"`` (default),
+        ``"model_observer"`` or ``"relay"``; all three are charged the per-node eps the noise is calibrated to, so
+        the plan is the same; :class:`PushSumStrategy` reads it from the spec (and refuses ``"relay"`` when the
+        nodes' states come back to the server).
     """
+    from flower_dp.privacy.parties import check_party
+
     from .registry import prepare
+
+    party = check_party("push_sum", party)
 
     J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
     dim = model_dim(model_fn())
     plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
                    dim=dim, seed=int(seed), reproducible=bool(reproducible))
     return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
-            "topology_kwargs": dict(topology_kwargs or {})}
+            "topology_kwargs": dict(topology_kwargs or {}), "party": party}
 
 
 def model_builder(model_fn: Callable[[], Any], load_data: Callable[[int, int], tuple[Any, Any]],

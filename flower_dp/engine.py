@@ -26,6 +26,7 @@ import numpy as np
 from . import results as rio
 from .errors import CheckpointError, NonFiniteError
 from .privacy.budget import charge_replay
+from .privacy.parties import push_sum_eps_by_party_from_reports
 from .recorder import FAILED, FINISHED, RUNNING, STOPPED, STOPPED_BY_BUDGET, RunRecorder
 
 __all__ = ["SegmentBackend", "SegmentPlan", "RunHeader", "RunProgress", "run_segments", "results_document",
@@ -168,6 +169,11 @@ class RunHeader:
     iters_per_round: int | None = None
     info: Mapping[str, Any] | None = None
     extras: Mapping[str, Any] = field(default_factory=dict)
+    #: the party the run is calibrated to (:mod:`flower_dp.privacy.parties`), the transport that carries the shares
+    #: (``"inprocess"``, ``"ray"``, ``"relay"``) and whether the nodes' states come back to the server
+    party: str = "out_neighbour"
+    transport: str | None = None
+    states_to_server: bool = False
 
 
 @dataclass
@@ -220,6 +226,9 @@ def results_document(header: RunHeader, progress: RunProgress) -> dict[str, Any]
     doc["history"] = flat_rows(progress.history)
     doc.update(header.released)
     doc["privacy"] = {"per_node": progress.privacy, "plan": dict(header.plan_summary)}
+    doc["party"] = header.party
+    doc["eps_by_party"] = push_sum_eps_by_party_from_reports(progress.privacy, transport=header.transport,
+                                                             states_to_server=header.states_to_server)
     doc["bits_sent_per_node"] = progress.bits.tolist()
     doc["wall_time_s"] = time.perf_counter() - progress.started
     if progress.stop_reason is not None:

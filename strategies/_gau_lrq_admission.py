@@ -57,7 +57,8 @@ class RoundAdmission:
         if self.private and eps_after > self.epsilon * (1 + 1e-9):
             raise fp.BudgetExhausted(
                 f"round {server_round}: it would bring the client-level "
-                f"{'heuristic eps (no DP proof)' if self.heuristic_note is not None else 'eps'} to {eps_after:.4g}, "
+                f"{'heuristic eps (no DP proof)' if self.heuristic_note is not None else 'eps'} of party "
+                f"{self.party!r} to {eps_after:.4g}, "
                 "above the budget "
                 f"eps = {self.epsilon} at delta = {self.delta}; the run stops here with its results saved "
                 "(raise epsilon or the noise multiplier to train longer)",

@@ -63,9 +63,9 @@ class RoundAggregation:
                    if valid and self.publish_train_metrics else None)
         rec = self._round_record(server_round, p, got, failed, dropped, d, metrics)
         if self.private:
-            log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d releases (flower-dp, %s; paper's formula %.6f)",
-                p["eps"], self.delta, p["k"] + 1, "heuristic, no DP proof" if self.heuristic_note is not None else
-                "rigorous", rec["eps_paper"])
+            log(INFO, "Privacy spent: epsilon=%.6f at delta=%g after %d releases (flower-dp, party %s, %s; paper's "
+                "formula %.6f)", p["eps"], self.delta, p["k"] + 1, self.party,
+                "heuristic, no DP proof" if self.heuristic_note is not None else "rigorous", rec["eps_paper"])
         if p["event"] is not None:  # the release happened: compose it into Flower's accountant (as its DP wrappers)
             rec["eps_flower"] = float(fp.compose(self.accountant, p["event"]).epsilon)
         self.rounds.append(rec)

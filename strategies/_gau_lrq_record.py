@@ -16,6 +16,8 @@ from flwr.serverapp.strategy import Result
 from flower_dp.engine import save_round, with_status
 from flower_dp.errors import CheckpointError
 from flower_dp.mechanisms.gau_lrq_codec import PAPER_NAMES, run_key_check
+from flower_dp.privacy.accountant import BOUNDS
+from flower_dp.privacy.parties import PARTIES, gau_lrq_party_epsilon_and_bound
 from flower_dp.rng import noise_record
 
 from ._gau_lrq_aggregate import _array
@@ -45,10 +47,28 @@ class RunRecord:
         merged = {**(rec.get("evaluate_serverapp") or {}), **self._privacy_metrics(rec)}
         return MetricRecord(merged) if merged else None
 
+    def _eps_by_party(self, rounds: int) -> dict:
+        """Every party's entry after ``rounds`` rounds (:meth:`flower_dp.privacy.gau_lrq.Schedule.eps_by_party`),
+        computed once per round count."""
+        cache = self.__dict__.setdefault("_party_cache", {})
+        if rounds not in cache:
+            cache.clear()
+            cache[rounds] = self.schedule.eps_by_party(rounds, self.delta, heuristic_note=self.heuristic_note)
+        return cache[rounds]
+
+    def _accountant_label(self) -> str:
+        """What computed the calibrated party's eps of the planned K rounds: the bound actually used."""
+        sch = self.schedule
+        _, bound = gau_lrq_party_epsilon_and_bound(self.party, sch.noise_multiplier, self.delta, B=self.B, N=self.N,
+                                                   per_client_keys=self.per_client_keys)
+        return (f"{bound}: {BOUNDS[bound]}; B of N = {self.B} of {self.N} without replacement, charged to party "
+                f"{self.party!r} (flower_dp.privacy.parties)")
+
     def _fingerprint(self) -> dict:
         """Everything that determines the numbers besides the secret, the nonce and the user's code."""
         return {"method": self.method, "N": self.N, "B": self.B, "K": self.K, "clip": self.clip,
                 "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau, "calibration": self.calibration,
+                **({"party": self.party} if self.party != "model_observer" else {}),
                 "noise_multiplier": self._fixed_noise_multiplier, "server_lr": self.server_lr, "bq_bits": self.bq_bits,
                 "layer_dtype": self.layer_dtype, "z": None if self.schedule is None else self.schedule.noise_multiplier.tolist()}
 
@@ -111,25 +131,30 @@ class RunRecord:
         paper's bits from the clean max) appear only with ``debug_metrics``, under ``rounds[].debug_uncharged``.  BQ-SGD, whose
         noise has no DP proof: ``eps_rigorous`` None (per round too), ``eps_heuristic``,
         ``eps_heuristic_per_round`` and ``privacy_note``.
+
+        Every eps above is the calibrated party's (``party``, :mod:`flower_dp.privacy.parties`); ``eps_by_party``
+        holds every party's after the rounds done (party name -> ``{"eps", "delta", "bound"}`` or ``{"eps": None,
+        "reason"}``), ``privacy.eps_by_party_plan`` after the planned K.
         """
         sch = self.schedule
         out = {"algorithm": PAPER_NAMES[self.method] if self.tau == 1 or not self.private else
                "Dynamic " + PAPER_NAMES[self.method],
                "config": {"method": self.method, "N": self.N, "B": self.B, "K": self.K, "clip": self.clip,
                           "epsilon": self.epsilon, "delta": self.delta, "tau": self.tau,
-                          "calibration": self.calibration, "noise_multiplier": self._fixed_noise_multiplier,
-                          "server_lr": self.server_lr, "bq_bits": self.bq_bits, "secret_file": self.secret_file,
+                          "calibration": self.calibration, "party": self.party,
+                          "noise_multiplier": self._fixed_noise_multiplier, "server_lr": self.server_lr,
+                          "bq_bits": self.bq_bits, "secret_file": self.secret_file,
                           "stream_nonce": self.stream_nonce},
                "run": self.run_info,
                "noise": noise_record(self.reproducible, note=None if self.reproducible else GAU_LRQ_SECRET_NOTE),
                "privacy": None if sch is None else {
                    "unit": "client", "adjacency": "replace_one", "sampling": "fixed-size B of N without replacement",
-                   "accountant": "min(PLD, RDP) of the fixed-size dominating pair: PoissonSampled(B/N, Gaussian(z/2)) "
-                                 "under add/remove, both orders (flower_dp.privacy.gau_lrq)",
+                   "party": self.party, "accountant": self._accountant_label(),
                    "note": "client-level guarantee (a client's whole data replaced); record-level only when clients "
                            "hold disjoint data",
                    "z": sch.noise_multiplier.tolist(), **{f"{k}_plan": v for k, v in self._eps_fields(sch.eps_rigorous).items()},
-                   "eps_paper_plan": sch.eps_paper, "warnings": list(sch.warnings),
+                   "eps_paper_plan": sch.eps_paper, "eps_by_party_plan": self._eps_by_party(len(sch.noise_multiplier)),
+                   "warnings": list(sch.warnings),
                    **({"privacy_note": self.heuristic_note} if self.heuristic_note is not None else {})},
                "rounds": self.rounds, "stop_reason": self.stop_reason}
         published = self.publish_train_metrics or self.publish_evaluate_metrics
@@ -143,6 +168,10 @@ class RunRecord:
                                     else 0.0))
         if self.heuristic_note is not None:
             out["privacy_note"] = self.heuristic_note
+        out["party"] = self.party
+        out["eps_by_party"] = (self._eps_by_party(done) if sch is not None else
+                               {name: {"eps": None, "reason": "not private: method='none' adds no noise"}
+                                for name in PARTIES["gau_lrq"]})
         out["eps_paper"] = self.rounds[-1]["eps_paper"] if done else 0.0
         acc0 = (self.initial_evaluate or {}).get("accuracy")
         out["accuracy_per_round"] = [acc0] + [(r.get("evaluate_serverapp") or {}).get("accuracy") for r in self.rounds]

@@ -170,10 +170,19 @@ def _require_api() -> None:
                          f"got flwr {flwr.__version__}; upgrade flwr or drop accountant=")
 
 
-def spent_over_nodes(per_node: list[dict]) -> PrivacySpent | None:
+def spent_over_nodes(per_node: list[dict], party: str = "out_neighbour",
+                     states_to_server: bool = False) -> PrivacySpent | None:
     """A ``PrivacySpent`` of the largest eps over the nodes' privacy reports
-    (:func:`flower_dp.privacy.reports.largest_node_spend`); None when no node is private or none reported."""
+    (:func:`flower_dp.privacy.reports.largest_node_spend`), for the push-sum ``party`` it names in
+    ``accounting_method`` (:mod:`flower_dp.privacy.parties`: every push-sum party with an eps is charged the
+    per-node eps; ``"relay"`` while the nodes' states come back to the server has none: ``ValueError``); None when
+    no node is private or none reported."""
+    from flower_dp.privacy.parties import check_push_sum_party, party_label
     from flower_dp.privacy.reports import largest_node_spend
 
+    party = check_push_sum_party(party, states_to_server=states_to_server)
     found = largest_node_spend(per_node)
-    return None if found is None else spent(*found)
+    if found is None:
+        return None
+    eps, delta, releases, how = found
+    return spent(eps, delta, releases, f"{party_label('push_sum', party)}: {how}")

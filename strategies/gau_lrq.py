@@ -39,6 +39,7 @@ from flower_dp.mechanisms.gau_lrq_codec import (KEY_DIR_RUN_CONFIG, METHODS, PAP
                                                 client_run_key, create_secret_file, load_secret, server_run_key,
                                                 write_client_keys)
 from flower_dp.privacy.gau_lrq import Schedule, client_level_epsilon, gau_lrq_schedule
+from flower_dp.privacy.parties import PARTIES, check_party, party_label
 from flower_dp.recorder import RunRecorder
 
 from . import flower_privacy as fp
@@ -119,6 +120,13 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         replace-one sensitivity of the sum is 2 S2; :mod:`flower_dp.strategies.flower_privacy`).
     calibration : {"rigorous", "paper"}
         ``paper``: the closed form (Lemma 1/4), with a warning stating the rigorous eps.
+    party : str, default "model_observer"
+        The party the noise is calibrated to, the budget checked for and ``privacy_spent()`` answers for
+        (:mod:`flower_dp.privacy.parties`): ``"model_observer"`` (the released global models only: the Gau-LRQ
+        paper's adversary), ``"network_observer"`` (also who sends when: the sample is known, no amplification),
+        ``"client"`` (another client, holding only its own key: :attr:`per_client_keys`).  ``"server"`` has no
+        eps (it decodes each update) and cannot be calibrated to.  Every party's eps is reported beside it
+        (``results()["eps_by_party"]``).
     accountant : Flower ``PrivacyAccountant`` or None (Flower >= 1.41)
         Flower's accountant (e.g. ``flwr.serverapp.RdpAccountant(PrivacyConfig(...))``), as Flower's DP wrappers
         take it: each round is checked against its ``max_epsilon`` (Flower's ``PrivacyBudgetExhausted`` from
@@ -126,7 +134,10 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         accountant's ``target_delta`` (the number the run calibrates to, reports and ``privacy_spent()``
         returns), so ``max_epsilon`` and ``epsilon`` mean the same; Flower's RDP figure for the same releases,
         never below it, is reported beside it (``eps_flower``).  Accepted configurations and what each computes:
-        the table in :mod:`flower_dp.strategies.flower_privacy` (POISSON + ADD_OR_REMOVE_ONE is the tightest).
+        the table in :mod:`flower_dp.strategies.flower_privacy` (WITHOUT_REPLACEMENT + REPLACE_ONE is the tightest
+        accepted; POISSON + ADD_OR_REMOVE_ONE is refused: it has no proof for B-of-N sampling).  An explicit
+        ``delta`` other than the accountant's ``target_delta`` raises ``ValueError`` (the run would calibrate at one
+        delta and check the budget at the other).
     secret, secret_file : the server's master secret (bytes >= 16) or the path of the file holding it; it never
         leaves the server.  Client i's key is derived from it (HMAC-SHA256 of the master and i,
         :func:`~flower_dp.mechanisms.gau_lrq_codec.client_key`) and each client holds only its own; the B-of-N sample
@@ -173,6 +184,12 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
     ``eps_paper`` (the paper's closed form, not a bound) and, with ``accountant``, ``eps_flower``.
     """
 
+    #: Each client's randomness (dither, layers, noise) comes from a key only that client and the server hold
+    #: (:func:`~flower_dp.mechanisms.gau_lrq_codec.client_key`), so another client (party ``"client"``) sees the
+    #: released models and whether it was itself sampled, and is charged for exactly that.  Records made when every
+    #: client held the run secret are re-accounted with ``per_client_keys=False`` (no eps for ``"client"``).
+    per_client_keys: bool = True
+
     def __init__(self, fraction_train: float | None = None, fraction_evaluate: float = 1.0,
                  min_train_nodes: int | None = None, min_evaluate_nodes: int = 2,
                  min_available_nodes: int | None = None, weighted_by_key: str = "num-examples",
@@ -182,7 +199,8 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
                  num_clients: int | None = None, clients_per_round: int | None = None,
                  clip: float | None = None, num_rounds: int | None = None, epsilon: float | None = None,
                  delta: float | None = None, method: str = "lrq", tau: float = 1.0,
-                 noise_multiplier: float | None = None, calibration: str = "rigorous", accountant=None,
+                 noise_multiplier: float | None = None, calibration: str = "rigorous", party: str | None = None,
+                 accountant=None,
                  secret: bytes | None = None, secret_file: str | None = None, key_dir: str | Path | None = None,
                  server_lr: float = 1.0, bq_bits: int = 4,
                  layer_dtype: str = "float64", out_dir: str | Path | None = None, keep_decoded: bool = False,
@@ -193,6 +211,7 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         self.private = method != "none"
         self.layer_dtype = check_choice("layer_dtype", layer_dtype, ("float64", "float32"))
         self.accountant = accountant
+        self.party = check_party("gau_lrq", party)
         num_clients, epsilon, delta = self._accountant_defaults(num_clients, epsilon, delta)
         if num_clients is None:
             raise ValueError("num_clients (N, the number of SuperNodes the accountant samples from) is required, got "
@@ -262,6 +281,11 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
                              f"'gaussian', 'qg'), got method={self.method!r}, layer_dtype={self.layer_dtype!r}; "
                              "Flower's accountant would report a guarantee that does not exist; drop accountant")
         cfg = self.accountant.config
+        if delta is not None and float(delta) != float(cfg.target_delta):
+            raise ValueError(f"delta = {delta} differs from Flower's accountant's PrivacyConfig target_delta = "
+                             f"{cfg.target_delta}: the run would calibrate at one delta and check the budget at the "
+                             f"other; drop delta (it defaults to target_delta) or build PrivacyConfig(target_delta="
+                             f"{delta}, ...)")
         return (cfg.population_size if num_clients is None else num_clients,
                 cfg.max_epsilon if epsilon is None else epsilon, cfg.target_delta if delta is None else delta)
 
@@ -303,7 +327,8 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         if self.private:
             self.schedule = gau_lrq_schedule(epsilon=self.epsilon, delta=self.delta, num_rounds=self.K, B=self.B,
                                              N=self.N, tau=self.tau, calibration=self.calibration,
-                                             noise_multiplier=self._fixed_noise_multiplier)
+                                             noise_multiplier=self._fixed_noise_multiplier, party=self.party,
+                                             per_client_keys=self.per_client_keys)
             for w in self.schedule.warnings:
                 log(WARNING, "GauLRQ: %s", w)
 
@@ -349,8 +374,8 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
         log(INFO, "\t├──> GauLRQ: method %s (%s), N=%d, B=%d, K=%s, S2=%s", self.method, PAPER_NAMES[self.method],
             self.N, self.B, self.K, self.clip)
         if self.schedule is not None:
-            log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s (%s plan %.4g, paper %.4g)",
-                self.schedule.noise_multiplier[0], self.schedule.noise_multiplier[-1], self.epsilon,
+            log(INFO, "\t│\t└── z_0=%.4g z_K-1=%.4g, eps target %s for party %s (%s plan %.4g, paper %.4g)",
+                self.schedule.noise_multiplier[0], self.schedule.noise_multiplier[-1], self.epsilon, self.party,
                 "heuristic (no DP proof)" if self.heuristic_note is not None else "rigorous", self.schedule.eps_rigorous,
                 self.schedule.eps_paper)
         if self.accountant is not None:
@@ -359,19 +384,33 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
                 now.delta)
         super().summary()
 
-    def privacy_spent(self):
+    def privacy_spent(self, party: str | None = None):
         """The privacy spent so far, as Flower's DP strategies answer it (a ``PrivacySpent``).
 
-        Always GauLRQ's own client-level eps at ``delta``: the rigorous bound the run calibrates to and stops on
-        (``accounting_method`` says which bound; for BQ-SGD the variance-matched heuristic, no DP proof).  With
-        ``accountant``, ``accounting_method`` also names Flower's own figure for the same releases
-        (``eps_flower``, its RDP bound, never below this one).  None for ``method="none"``.
+        GauLRQ's own client-level eps at ``delta`` for ``party`` (default: the party the run is calibrated to,
+        :attr:`party`; :mod:`flower_dp.privacy.parties`): for the calibrated party, the rigorous bound the run
+        calibrates to and stops on.  ``accounting_method`` names the party and the bound (for BQ-SGD the
+        variance-matched heuristic, no DP proof).  With ``accountant``, ``accounting_method`` also names Flower's own
+        figure for the same releases (``eps_flower``, its RDP bound for the model observer, never below ours).
+        None for ``method="none"``; a party with no eps (the server; another client without per-client keys)
+        raises ``ValueError`` with the reason.
         """
         if not self.private:
             return None
-        eps = self.schedule.eps_after(len(self.rounds), self.delta) if self.schedule is not None else 0.0
-        how = ("heuristic: variance-matched Gaussian, no DP proof" if self.heuristic_note is not None else
-               "flower-dp: min(PLD, RDP) of B-of-N sampling, replace-one client")
+        party = self.party if party is None else check_party("gau_lrq", party)
+        if self.schedule is None:
+            eps = 0.0
+        else:
+            eps = self.schedule.eps_after(len(self.rounds), self.delta, party=party)
+            if eps is None:
+                reason = self.schedule.eps_by_party(0, self.delta)[party]["reason"]
+                raise ValueError(f"no eps holds for party {party!r}: {reason}; ask for one of "
+                                 f"{sorted(p for p in PARTIES['gau_lrq'] if p != party)}")
+        bound = ("GDP conditioned on the known sample, mixed over Binomial(K, B/N)" if party == "network_observer" else
+                 "min(PLD, RDP) of B-of-N sampling, replace-one client")
+        how = (f"{party_label('gau_lrq', party)}: " +
+               ("heuristic: variance-matched Gaussian, no DP proof" if self.heuristic_note is not None else
+                f"flower-dp: {bound}"))
         if self.accountant is not None:
             now = self.accountant.get_privacy_spent()
             how += (f"; Flower's accountant ({now.accounting_method}) for the same releases: eps_flower = "

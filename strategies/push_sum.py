@@ -26,6 +26,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flower_dp._checks import check_choice, check_int, check_positive
 from flower_dp.engine import RunHeader, RunProgress, SegmentPlan, run_segments
 from flower_dp.gossip.relay import ARRAYS_KEY, MESSAGE_KEYS as KEY, encode
+from flower_dp.privacy.parties import check_push_sum_party
 from flower_dp.recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
 from flower_dp.releases import HEURISTIC_BROADCAST_METRICS, PUBLIC_NODE_METRICS, RELEASE_WARNING, release_fields
 from flower_dp.rng import noise_record
@@ -91,6 +92,12 @@ class PushSumStrategy(Strategy):
         charged by the accountant); ``results.json`` then says ``"uncharged_statistics_released": true``.
     run_info : dict, optional
         What the results document says about the run's data and model (its ``"info"``).
+    party : str, optional
+        Whom the eps is stated for (:mod:`flower_dp.privacy.parties`): ``"out_neighbour"`` (default; also the
+        spec's ``party``, as :func:`flower_dp.clients.push_sum_node.plan_spec` writes it, or its config's
+        ``[privacy] party``), ``"model_observer"`` or ``"relay"`` (the orchestrator relaying every share; refused
+        when the nodes' states come back to the server: ``checkpoint`` with ``out_dir``, or Ray's restarts).
+        Every party's entry is in ``results.json["eps_by_party"]``.
     """
 
     #: the Flower side of a run (the registration rounds, the transport's backend); a subclass may instrument it
@@ -101,7 +108,7 @@ class PushSumStrategy(Strategy):
                  timeout_s: float = 120.0, checkpoint: bool = True, run_name: str = "push_sum",
                  max_retries: int = 2, resume: bool = False, backend_kwargs: dict[str, Any] | None = None,
                  debug_metrics: bool = False, node_wait_s: float = 30.0,
-                 run_info: Mapping[str, Any] | None = None) -> None:
+                 run_info: Mapping[str, Any] | None = None, party: str | None = None) -> None:
         self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
         self.spec = NodeSpec.of(spec)
         self.num_iters = check_int("num_iters", num_iters, minimum=1)
@@ -133,6 +140,9 @@ class PushSumStrategy(Strategy):
         self.backend: Any = None
         self.node_of: dict[int, int] = {}  # Flower node id -> push-sum node id
         self._relay_devices: dict[int, str] = {}  # push-sum node id -> device, from the relay nodes' register replies
+        if party is None:
+            party = self.spec.extra.get("party") or ((self.spec.config or {}).get("privacy") or {}).get("party")
+        self.party = check_push_sum_party(party, states_to_server=self.keep_states)
         self.progress = RunProgress(self.n_nodes)
         self.timings: dict[str, float] = {}
         self._gossip_s_logged = 0.0  # gossip_s at the last progress line
@@ -319,7 +329,8 @@ class PushSumStrategy(Strategy):
                          released=release_fields(self.debug_metrics, private=self._claims_privacy(plan)),
                          plan_summary=plan_summary(plan, devices), num_iters_requested=self._num_iters_requested(),
                          num_iters=self.num_iters, iters_per_round=self.iters_per_round, info=self.run_info,
-                         extras={"failures": self.failures, "timings": self.timings})
+                         extras={"failures": self.failures, "timings": self.timings}, party=self.party,
+                         transport=self.transport, states_to_server=self.keep_states)
 
     def _log_progress(self, rnd: int, rounds: int, k0: int, k1: int, row: dict[str, Any]) -> None:
         """The round's lines in Flower's log: iterations done, the network average's evaluation, the eps spent."""
@@ -338,13 +349,14 @@ class PushSumStrategy(Strategy):
         log.info("\t└──> privacy spent (largest over %d nodes%s): %s", self.n_nodes, at,
                  ", ".join(f"{key} {_fmt(v)}" for key, v in eps.items()))
 
-    def privacy_spent(self):
+    def privacy_spent(self, party: str | None = None):
         """The privacy spent so far, as Flower's DP strategies and :meth:`GauLRQ.privacy_spent` answer it (a
         ``PrivacySpent``): the largest ``eps_rigorous`` over the nodes at their delta (the DPPS family: the
-        heuristic composition, labelled so); None for a non-private run or before the first segment."""
+        heuristic composition, labelled so), for ``party`` (default :attr:`party`), named in ``accounting_method``;
+        None for a non-private run or before the first segment."""
         from .flower_privacy import spent_over_nodes
 
-        return spent_over_nodes(self.privacy)
+        return spent_over_nodes(self.privacy, self.party if party is None else party, self.keep_states)
 
     def _eps_metrics(self) -> dict[str, float]:
         """The privacy spent so far: the largest ``eps_rigorous`` / ``eps_paper`` (/ ``eps_heuristic``) over nodes."""

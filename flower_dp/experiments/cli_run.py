@@ -50,6 +50,10 @@ def _report(res) -> None:
         else:
             eps_r = max(float(p.get("eps_rigorous", float("nan"))) for p in per_node)
             print(f"privacy per node: rigorous eps = {eps_r:.4f} (delta = {delta}); paper formula's eps = {eps_p:.4f}")
+    if res.eps_by_party:
+        print(f"privacy calibrated to party {res.party!r}; every party: " + "; ".join(
+            f"{name} {'eps = %.4f' % e['eps'] if e.get('eps') is not None else 'none (' + e['reason'] + ')'}"
+            for name, e in res.eps_by_party.items()))
     noise = (res.privacy.get("plan") or {}).get("noise")
     if noise:
         print(f"noise: {noise['mode']}" + (" (simulation mode: " + noise["note"] + ")"
@@ -70,6 +74,16 @@ REPRODUCIBLE_HELP = ("simulation mode: draw privacy noise and private sampling f
                      "node's own secret from OS entropy")
 
 
+def _with_party(overrides: dict[str, Any], party: str | None) -> dict[str, Any]:
+    """``--party P`` = ``--set privacy.party=P``."""
+    return {**overrides, "privacy.party": party} if party is not None else overrides
+
+
+#: help of ``--party`` (run, quickstart)
+PARTY_HELP = ("whom the eps is stated for and the noise calibrated to: out_neighbour (default), relay (needs "
+              "run.checkpoint = false) or model_observer; results.json reports every party (eps_by_party)")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .config import load_config
     from .runner import run_experiment
@@ -77,7 +91,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     path = Path(args.config)
     if not path.exists() and not path.suffix:
         path = builtin_config_path(args.config)
-    cfg = load_config(path, _with_reproducible(parse_overrides(args.set), args.reproducible))
+    cfg = load_config(path, _with_party(_with_reproducible(parse_overrides(args.set), args.reproducible), args.party))
     out, resume = args.out, bool(args.resume)
     if isinstance(args.resume, str):  # --resume DIR
         if out is not None and out != args.resume:
@@ -92,7 +106,7 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
     from .config import load_config
     from .runner import run_experiment
 
-    overrides = _with_reproducible(parse_overrides(args.set), args.reproducible)
+    overrides = _with_party(_with_reproducible(parse_overrides(args.set), args.reproducible), args.party)
     cfg = load_config(builtin_config_path("quickstart"), overrides)
     print(
         f"quickstart: {cfg.algorithm['name']} ({cfg.algorithm['params'].get('variant', '')}) on "
@@ -112,6 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="continue a stopped run from the checkpoint in DIR (or in --out)")
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--reproducible", action="store_true", help=REPRODUCIBLE_HELP)
+    p.add_argument("--party", default=None, help=PARTY_HELP)
     p.set_defaults(func=_cmd_run)
 
     q = sub.add_parser(
@@ -122,4 +137,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--out", default="runs/quickstart", help="results folder (default: runs/quickstart)")
     q.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     q.add_argument("--reproducible", action="store_true", help=REPRODUCIBLE_HELP)
+    q.add_argument("--party", default=None, help=PARTY_HELP)
     q.set_defaults(func=_cmd_quickstart)

@@ -1,6 +1,6 @@
 """Experiment configs: plain TOML files with defaults, validated all at once.
 
-A config has five tables::
+A config has six tables::
 
     [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes, progress,
                  device ("cpu", "cuda", "cuda:1" or "auto"), debug_metrics (default false: per-node
@@ -13,6 +13,8 @@ A config has five tables::
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
     [algorithm]  name, and [algorithm.params] checked by the algorithm's own parameter class
+    [privacy]    party: whom the eps is stated for and the noise calibrated to (flower_dp.privacy.parties):
+                 "out_neighbour" (default), "relay" (needs run.checkpoint = false) or "model_observer"
 
 Every unknown key or bad value is collected and reported together in one
 :class:`flower_dp.errors.ConfigError`, naming the key, the value and what is valid.
@@ -58,6 +60,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "model": {"name": "shallow_cnn"},
     "topology": {"name": "exp_one_peer", "n_nodes": 8},
     "algorithm": {"name": "dyn_d2p", "params": {}},
+    "privacy": {"party": "out_neighbour"},
 }
 #: Sections whose extra keys are passed through as keyword arguments.
 _PASSTHROUGH = {"model", "topology"}
@@ -72,6 +75,7 @@ class ExperimentConfig:
     model: dict[str, Any] = field(default_factory=dict)
     topology: dict[str, Any] = field(default_factory=dict)
     algorithm: dict[str, Any] = field(default_factory=dict)
+    privacy: dict[str, Any] = field(default_factory=lambda: {"party": "out_neighbour"})
 
     @property
     def n_nodes(self) -> int:
@@ -143,6 +147,13 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     for section in ("model", "topology", "algorithm"):
         if not isinstance(out[section].get("name"), str):
             problems.append(f"{section}.name must be a string, got {out[section].get('name')!r}")
+    from ..privacy.parties import PARTIES
+
+    if out["privacy"]["party"] not in PARTIES["push_sum"]:
+        problems.append(f"privacy.party must be one of {sorted(PARTIES['push_sum'])}, got {out['privacy']['party']!r}")
+    elif out["privacy"]["party"] == "relay" and run["checkpoint"]:
+        problems.append("privacy.party = 'relay' needs run.checkpoint = false: a checkpoint brings every node's state "
+                        "to the server, so no eps holds against the relaying orchestrator")
     if not isinstance(alg.get("params"), dict):
         problems.append(f"algorithm.params must be a table, got {alg.get('params')!r}")
     if problems:

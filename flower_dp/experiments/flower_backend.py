@@ -91,7 +91,7 @@ def _main(grid: Grid, context: Context) -> None:
         cfg.n_nodes, spec_from_parts(parts), num_iters=int(plan.num_iters), iters_per_round=int(cfg.run["eval_every"]),
         transport="ray", evaluate_fn=evaluate, out_dir=str(rc["out-dir"]), timeout_s=float(rc["timeout-s"]),
         checkpoint=bool(cfg.run.get("checkpoint", True)), run_name=str(cfg.run["name"]), resume=bool(rc["resume"]),
-        debug_metrics=bool(cfg.run.get("debug_metrics", False)), run_info=info,
+        debug_metrics=bool(cfg.run.get("debug_metrics", False)), run_info=info, party=cfg.privacy["party"],
         backend_kwargs={"num_hosts": int(rc["num-hosts"]), "num_gpus_per_host": float(rc["num-gpus-per-host"])})
     strategy.timings["startup_s"] = time.time() - float(rc["started-at"])  # flwr run starting Flower and this app
     strategy.start(grid)

@@ -44,8 +44,8 @@ from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.data import load_dataset, num_classes, stratified_client_indices
 from flower_dp.models import build_model
 from flower_dp.results import ensure_writable_dir, write_json
-from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.mechanisms.gau_lrq_codec import KEY_DIR_RUN_CONFIG, create_secret_file
+from flower_dp.privacy.parties import check_party, gau_lrq_party_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ
 
 __all__ = ["METHODS", "SIX_METHODS", "run_gau_lrq", "run_table", "resolve_method", "InProcessGrid", "train",
@@ -262,7 +262,8 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                 test_samples: int = 2000, seed: int = 0, out_dir: str | os.PathLike | None = None,
                 secret_file: str | os.PathLike | None = None, backend: str = "inprocess", resume: bool = False,
                 bq_bits: int = 4, num_cpus: int = 2, client_app: ClientApp | None = None,
-                round_timeout_s: float = 600.0, secret: bytes | None = None, reproducible: bool = False) -> dict:
+                round_timeout_s: float = 600.0, secret: bytes | None = None, reproducible: bool = False,
+                party: str | None = None) -> dict:
     """Run one Gau-LRQ / baseline experiment and return its results dict (also ``out_dir/results.json``).
 
     Parameters
@@ -316,6 +317,11 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     round_timeout_s : float
         How long the server waits for a round's replies (``backend="simulation"``); a client that has
         not replied by then is dropped from that round's average (recorded in ``rounds[k]["received"]``).
+    party : str or None
+        Whom the noise is calibrated to and ``eps_rigorous`` stated for (:mod:`flower_dp.privacy.parties`; GauLRQ's
+        ``party``): None or ``"model_observer"`` (the released global models: the paper's adversary),
+        ``"network_observer"`` (knows who sends: no amplification) or ``"client"`` (with per-client keys).
+        Every party's eps is in ``eps_by_party``.
 
     Returns
     -------
@@ -342,7 +348,12 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     if code != "none" and epsilon is None:
         if z is None:
             raise ValueError(f"method {method!r} needs epsilon or noise_multiplier, got neither; e.g. epsilon=8")
-        epsilon = client_level_epsilon(np.full(K, float(z)), delta, B=B, N=N) * (1 + 1e-9)
+        epsilon = gau_lrq_party_epsilon(check_party("gau_lrq", party), np.full(K, float(z)), delta, B=B, N=N,
+                                        per_client_keys=GauLRQ.per_client_keys)
+        if epsilon is None:
+            raise ValueError(f"party {party!r} has no eps in this run; calibrate to 'model_observer' or "
+                             "'network_observer'")
+        epsilon *= 1 + 1e-9
     if tau < 1:  # Dynamic: always calibrated (to epsilon, or to the rigorous eps of K rounds at the fixed z)
         z = None
     if out_dir is not None:
@@ -355,7 +366,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     # GauLRQ's keyword arguments besides the secret: plain values, so the simulation's ServerApp can rebuild it
     strategy_kw = dict(num_clients=N, clients_per_round=B, clip=clip, num_rounds=K,
                        epsilon=None if code == "none" else epsilon, delta=delta, method=code, tau=tau,
-                       noise_multiplier=z, calibration=calibration,
+                       noise_multiplier=z, calibration=calibration, party=party,
                        secret_file=None if secret_file is None else str(secret_file), bq_bits=bq_bits,
                        out_dir=None if out_dir is None else str(out_dir), resume=resume, run_info=run_info,
                        reproducible=reproducible,

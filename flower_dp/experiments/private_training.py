@@ -39,18 +39,23 @@ class PrivateRun:
     out_dir: Path | None
     backend: str
     plan: Any = field(default=None, repr=False)
+    #: the party the run is calibrated to, and whether the nodes' states came back to the server (a checkpoint)
+    party: str = "out_neighbour"
+    states_to_server: bool = False
 
     @property
     def final_accuracy(self) -> float:
         """Test accuracy of the network-average model at the last evaluation (nan before any)."""
         return float(self.history[-1]["acc_avg"]) if self.history else float("nan")
 
-    def privacy_spent(self):
+    def privacy_spent(self, party: str | None = None):
         """The privacy spent, as :meth:`flower_dp.PushSumStrategy.privacy_spent` answers it (a ``PrivacySpent``:
-        ``epsilon``, ``delta``, ``num_releases``, ``accounting_method``); None for a non-private run."""
+        ``epsilon``, ``delta``, ``num_releases``, ``accounting_method`` naming the party), for ``party`` (default:
+        the calibrated one, :mod:`flower_dp.privacy.parties`); None for a non-private run."""
         from flower_dp.strategies.flower_privacy import spent_over_nodes
 
-        return spent_over_nodes(self.privacy.get("per_node", []))
+        return spent_over_nodes(self.privacy.get("per_node", []), self.party if party is None else party,
+                                self.states_to_server)
 
 
 def _digest(model_fn: Callable[[], Any], train: tuple[Any, Any], test: tuple[Any, Any], seed: int) -> str:
@@ -110,7 +115,7 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
                   partition: str = "shuffle_split", seed: int = 0, reproducible: bool = False,
                   out_dir: str | Path | None = None, resume: bool = False, backend: str = "inprocess",
                   num_hosts: int = 2, device: str = "cpu", name: str = "train_private",
-                  progress: bool = False) -> PrivateRun:
+                  progress: bool = False, party: str | None = None) -> PrivateRun:
     """Train ``model_fn()`` with differentially private push-sum on ``n_nodes`` nodes that split ``train``.
 
     Parameters
@@ -139,6 +144,11 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
         folder on Ray); ``resume=True`` continues from the checkpoint of the same call.
     backend, num_hosts : str, int
         ``"inprocess"`` or ``"ray"`` (a Flower simulation with ``num_hosts`` Ray host actors).
+    party : str
+        Whom the eps is stated for (:mod:`flower_dp.privacy.parties`): ``"out_neighbour"`` (default),
+        ``"model_observer"`` (the same eps: the network average is a post-processing of the shares) or
+        ``"relay"`` (the same eps; refused when the nodes' states are checkpointed, i.e. with ``out_dir`` or on Ray).
+        ``results.json`` reports every party (``eps_by_party``).
 
     Returns
     -------
@@ -148,10 +158,13 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
     """
     from flower_dp._checks import check_choice
     from flower_dp.data import as_tensors
+    from flower_dp.privacy.parties import check_push_sum_party
 
     from .config import config_from_dict
 
     check_choice("backend", backend, BACKENDS)
+    checkpoint = out_dir is not None or backend == "ray"
+    party = check_push_sum_party(party, states_to_server=checkpoint)
     x, y = as_tensors(train)
     x_test, y_test = as_tensors(test)
     num_classes = int(max(int(y.max()), int(y_test.max())) + 1)
@@ -160,7 +173,7 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
     cfg = config_from_dict({
         "run": {"name": name, "seed": int(seed), "num_iters": int(num_iters),
                 "eval_every": int(eval_every or num_iters), "out_dir": None if out_dir is None else str(out_dir),
-                "checkpoint": out_dir is not None or backend == "ray", "progress": bool(progress),
+                "checkpoint": checkpoint, "progress": bool(progress),
                 "device": device, "reproducible": bool(reproducible)},
         "data": {"dataset": key, "partition": partition},
         "model": {"name": key},
@@ -168,15 +181,17 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
         "algorithm": {"name": algorithm, "params": _algorithm_params(
             algorithm, params, target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta,
             clip=clip, batch_size=batch_size, lr=lr)},
+        "privacy": {"party": party},
     })
     if backend == "inprocess":
         from .runner import run_experiment
 
         res = run_experiment(cfg, out_dir=out_dir, resume=resume, progress=progress)
         plan = res.nodes[0].plan if res.nodes and hasattr(res.nodes[0], "plan") else None
-        return PrivateRun(res.status, res.history, res.privacy, res.out_dir, backend, plan)
+        return PrivateRun(res.status, res.history, res.privacy, res.out_dir, backend, plan, party, checkpoint)
     from .flower_backend import run_flower_experiment
 
     out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="flower-dp-"))
     doc = run_flower_experiment(cfg, out_dir=out, num_hosts=int(num_hosts), resume=resume)
-    return PrivateRun(str(doc["status"]), list(doc.get("history", [])), dict(doc.get("privacy", {})), out, backend)
+    return PrivateRun(str(doc["status"]), list(doc.get("history", [])), dict(doc.get("privacy", {})), out, backend,
+                      party=party, states_to_server=checkpoint)

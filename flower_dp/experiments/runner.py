@@ -25,6 +25,7 @@ from ..engine import STOP_FILE_ENV, RunHeader, RunProgress, SegmentPlan, run_seg
 from ..gossip import run_iteration
 from ..gossip.protocol import SegmentResult
 from ..models import resolve_device
+from ..privacy.parties import push_sum_eps_by_party_from_reports
 from ..recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
@@ -51,6 +52,9 @@ class RunResult:
     out_dir: Path | None
     wall_time_s: float
     nodes: list[Any] = field(default_factory=list, repr=False)
+    #: the party the run is calibrated to and every party's entry (:mod:`flower_dp.privacy.parties`)
+    party: str = "out_neighbour"
+    eps_by_party: dict[str, Any] = field(default_factory=dict)
 
     @property
     def eps_rigorous_max(self) -> float | None:
@@ -113,6 +117,8 @@ def _different_config(where: str, got: Any, want: Any) -> str:
 def _upgrade_checkpoint(ckpt: dict[str, Any]) -> None:
     if isinstance((ckpt.get("config") or {}).get("run"), dict):  # before [run] reproducible every run was seeded
         ckpt["config"]["run"].setdefault("reproducible", True)
+    if isinstance(ckpt.get("config"), dict) and isinstance(ckpt["config"].get("run"), dict):  # before [privacy]
+        ckpt["config"].setdefault("privacy", {"party": "out_neighbour"})
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -236,7 +242,8 @@ def run_experiment(
                          noise=noise_record(plan.reproducible, device=info["device"]), released=released,
                          plan_summary=plan_summary(plan, info["device"]),
                          num_iters_requested=int(cfg.run["num_iters"]), num_iters=K, info=info,
-                         extras={"train_cpu_s": prog.train_cpu_s})
+                         extras={"train_cpu_s": prog.train_cpu_s}, party=cfg.privacy["party"],
+                         transport="inprocess", states_to_server=bool(recorder.checkpoint))
 
     show = cfg.run.get("progress", True) if progress is None else progress
     bar = _progress(K, show, cfg.run["name"])
@@ -258,4 +265,8 @@ def run_experiment(
         out_dir=recorder.out_dir,
         wall_time_s=time.perf_counter() - t0,
         nodes=list(nodes),
+        party=cfg.privacy["party"],
+        eps_by_party=push_sum_eps_by_party_from_reports(
+            [dict(r, node=i) for i, r in backend.privacy_reports().items()], transport="inprocess",
+            states_to_server=bool(recorder.checkpoint)),
     )

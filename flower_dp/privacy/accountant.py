@@ -222,6 +222,8 @@ BOUNDS = {
     "rdp_unsampled": "RDP of the unsampled Gaussian, replace-one (joint quasi-convexity; loose)",
     "gdp_table_draws": "GDP conditioned on the hidden block draws, mixed over their binomial law (PrivSGP-VR's "
                        "table; joint convexity, Dong, Roth & Su 2022)",
+    "gdp_sample_known": "GDP conditioned on a known, data-independent sample, mixed over the binomial law of the "
+                        "target's rounds (a network observer of Gau-LRQ, no amplification; joint convexity)",
     "pure_dp": "basic composition of pure-DP Laplace releases",
     "none": "no release charged",
 }

@@ -68,7 +68,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "--sampling fixed_size --adjacency replace_one",
     )
     p.add_argument("--noise-multiplier", dest="noise_multiplier", type=float,
-                   help="noise multiplier (noise std / per-record clip bound); --sigma is its older spelling")
+                   help="noise multiplier (noise std / per-record clip bound)")
     p.add_argument("--epsilon", type=float, help="target eps: print the noise multiplier that meets it")
     p.add_argument("--sampling", choices=["poisson", "fixed_size"], default="poisson",
                    help="poisson: each record kept w.p. q; fixed_size: exactly --batch of --population records")

@@ -15,6 +15,9 @@ dominating pair (:mod:`flower_dp.privacy.replace_one`):
   the gradient (``history[].noise_std``), split and charged as the calibration does (PrivSGP-VR's table:
   the GDP bound over its hidden draws, :data:`TABLE_REASON`).
 
+Every Gau-LRQ-family record also gets ``eps_by_party`` (:func:`gau_lrq_record_parties`): each party's eps of the
+same recorded noise (:mod:`flower_dp.privacy.parties`), so a committed record names whom its eps protects against.
+
 CLI: ``python -m flower_dp.reproduce.reaccount DIR [DIR ...] [--remade SWEEP_OUT ...]`` re-accounts and
 re-renders each folder (``--remade``: records of runs made again replace the old ones).
 """
@@ -29,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SYMMETRISED_PAIR_REASON", "TABLE_REASON", "proven_epsilon", "reaccount_record", "reaccount", "reaccounted_line"]
+__all__ = ["SYMMETRISED_PAIR_REASON", "TABLE_REASON", "proven_epsilon", "reaccount_record", "reaccount", "reaccounted_line",
+           "gau_lrq_record_parties"]
 
 SYMMETRISED_PAIR_REASON = (
     "fixed-size sampling under replace-one is charged the PLD of the symmetrised dominating pair, proven at every "
@@ -69,6 +73,28 @@ def _gau_lrq_eps(rec: dict[str, Any], cfg: dict[str, Any]) -> Callable[[int], fl
         return None
     B, N, delta = int(cfg["clients_per_round"]), int(cfg["num_clients"]), float(cfg.get("delta", rec.get("delta")))
     return lambda k: client_level_epsilon(z[:k], delta, B=B, N=N)
+
+
+#: ``eps_by_party`` of a run that adds no noise (Local SGD, the noise-free rows)
+NOT_PRIVATE = "not private: no noise is added"
+
+
+def gau_lrq_record_parties(rec: dict[str, Any], cfg: dict[str, Any]) -> dict[str, dict] | None:
+    """Every Gau-LRQ party's entry for the noise ``rec`` recorded (``cfg``: its config, rebuilt from the paper's
+    specs): :func:`flower_dp.privacy.parties.gau_lrq_eps_by_party` of its z schedule at its delta, with every
+    client holding the run secret (the runs had no per-client keys); a heuristic record (BQ-SGD) gets
+    ``eps_heuristic`` entries with its note; a run without noise, None entries.  None: not a Gau-LRQ record."""
+    from ..privacy.parties import PARTIES, gau_lrq_eps_by_party
+
+    if cfg is None or "clients_per_round" not in cfg:
+        return None
+    z = _gau_lrq_z(rec, cfg)
+    if z is None or rec.get("eps_rigorous") is None and rec.get("eps_heuristic") is None:
+        return {name: {"eps": None, "reason": NOT_PRIVATE} for name in PARTIES["gau_lrq"]}
+    heuristic = rec.get("eps_rigorous") is None
+    return gau_lrq_eps_by_party(z, float(cfg.get("delta", rec.get("delta"))), B=int(cfg["clients_per_round"]),
+                                N=int(cfg["num_clients"]), per_client_keys=False,
+                                heuristic_note=(rec.get("privacy_note") or "no DP proof") if heuristic else None)
 
 
 def _privsgp_eps(rec: dict[str, Any], cfg: dict[str, Any]) -> Callable[[int], float] | None:
@@ -121,7 +147,17 @@ def proven_epsilon(paper: str, rec: dict[str, Any]) -> float | None:
 
 def reaccount_record(paper: str, rec: dict[str, Any], reason: str | None = None) -> dict[str, Any]:
     """A copy of ``rec`` (with its rebuilt ``config``) with ``eps_rigorous`` of its noise under today's accountant;
-    ``reason`` (default: the change that moved this kind of record) is kept in ``reaccounted``."""
+    ``reason`` (default: the change that moved this kind of record) is kept in ``reaccounted``.  A Gau-LRQ record
+    also gets every party's eps (``eps_by_party``, :func:`gau_lrq_record_parties`)."""
+    out = _reaccount_eps(paper, rec, reason)
+    if paper == "gau-lrq" and rec.get("config") is not None:
+        parties = gau_lrq_record_parties(out, rec["config"])
+        if parties is not None and parties != out.get("eps_by_party"):
+            out = {**out, "eps_by_party": parties}
+    return out
+
+
+def _reaccount_eps(paper: str, rec: dict[str, Any], reason: str | None) -> dict[str, Any]:
     eps_of = _eps_after(paper, rec)
     if eps_of is None:
         return rec

@@ -184,6 +184,8 @@ def record_from_doc(spec: Any, doc: dict[str, Any]) -> dict[str, Any]:
         # push-sum noise drawn before the float64 sampler (commit 4575d7e) was torch's float32 (with_sampler)
         "gaussian_sampler": (doc.get("noise") or {}).get("gaussian_sampler"),
     }
+    if doc.get("eps_by_party") is not None:  # every party's eps (flower_dp.privacy.parties)
+        rec["eps_by_party"] = doc["eps_by_party"]
     rec.update(doc.get("extra_record", {}))
     rec["config_sha"] = config_sha(spec.config)
     rec["labels"] = dict(spec.labels)
@@ -252,9 +254,17 @@ def _read_cpu(run_dir: Path) -> float:
     return float(doc["cpu_time_s"]) if doc else float("nan")
 
 
-_CSV_SKIP = ("labels", "history", "config")
+_CSV_SKIP = ("labels", "history", "config", "eps_by_party")
+
+
+def _csv_row(r: dict[str, Any]) -> dict[str, Any]:
+    """A record as a CSV row: nested fields left out, every party's eps as a column ``eps_<party>``."""
+    row = {k: v for k, v in r.items() if k not in _CSV_SKIP}
+    for name, entry in (r.get("eps_by_party") or {}).items():
+        row[f"eps_{name}"] = entry.get("eps")
+    return row
 
 
 def _write_records(out: Path, records: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     rio.write_json(out / "records.json", {"meta": meta, "records": records})
-    rio.write_csv(out / "records.csv", [{k: v for k, v in r.items() if k not in _CSV_SKIP} for r in records])
+    rio.write_csv(out / "records.csv", [_csv_row(r) for r in records])

@@ -192,6 +192,7 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
                          "z_first": ((res.get("privacy") or {}).get("z") or [float("nan")])[0],
                          "z_last": ((res.get("privacy") or {}).get("z") or [float("nan")])[-1]},
         "z_schedule": (res.get("privacy") or {}).get("z"),
+        "eps_by_party": res.get("eps_by_party"),
         "repro_config": spec.config,
     }
     core.rio.write_json(done_path, doc)
@@ -267,6 +268,38 @@ def check_claims(records, table: str, scale: str) -> list[Claim]:
 
 def _bits(g: dict[str, Any]) -> str:
     return fmt(np.nanmean([r.get("bits_per_coord", float("nan")) for r in g["records"]]), 1)
+
+
+def _party_cell(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "-"
+    if entry.get("eps") is not None:
+        return fmt(entry["eps"])
+    if entry.get("eps_heuristic") is not None:
+        return f"{fmt(entry['eps_heuristic'])} (heuristic)"
+    return "none"
+
+
+def party_lines(groups) -> list[str]:
+    """The report's section on parties: whom each run's eps protects against (:mod:`flower_dp.privacy.parties`)."""
+    rows = []
+    for g in groups:
+        by = next((r.get("eps_by_party") for r in g["records"] if r.get("eps_by_party")), None)
+        if by is None:
+            continue
+        label = " ".join(f"{g[k]}" for k in ("algorithm", "N", "eps") if k in g)
+        rows.append([label] + [_party_cell(by.get(name)) for name in
+                               ("model_observer", "client", "network_observer", "server")])
+    if not rows:
+        return []
+    return ["", "## Privacy per party", "",
+            "Every eps above is the **model observer's** (party `model_observer`: it sees the released global models "
+            "only, the Gau-LRQ paper's adversary). The same runs against the other parties (docs/privacy.md, "
+            "\"Threat model\"): another client holds the run secret these runs shared with every client, so it has "
+            "no eps; a network observer sees who sends, so it knows the sample and gets no amplification (GDP "
+            "conditioned on the sample, mixed over the binomial participation count); the server decodes each "
+            "update, so it has no eps.", ""] + md_table(
+        ["run", "model observer", "another client", "network observer", "server"], rows)
 
 
 def render(records, table: str, scale: str, out: Path):
@@ -359,6 +392,7 @@ def render(records, table: str, scale: str, out: Path):
                          yerr=[g["final_acc_std"] for g in core_groups], marker="o", capsize=3)
         style(axes[0], xlabel="clients N", legend=False)
         plots.append(savefig(fig, out, "accuracy_vs_clients.png"))
+    lines += party_lines(groups)
     return lines, plots
 
 
