@@ -230,7 +230,7 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
               samples_per_node: int | list[int], num_iters: int, topology: str = "exp_one_peer",
               topology_kwargs: dict[str, Any] | None = None, seed: int = 0,
-              reproducible: bool = False) -> dict[str, Any]:
+              reproducible: bool = False, noise_sampler: str = "float") -> dict[str, Any]:
     """Server side of a drop-in run with your own model: the node spec for :class:`PushSumStrategy`.
 
     Parameters
@@ -251,13 +251,16 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
         False (default): each node draws its privacy noise and batches from its own secret (OS
         entropy).  True: the simulation mode keyed by ``seed`` (same numbers on every backend; the
         guarantee holds only against parties that do not know the seed).
+    noise_sampler : {"float", "exact"}
+        As ``[run] noise_sampler``: ``"exact"`` releases integers plus the exact discrete Gaussian
+        (:func:`flower_dp.clients.plan.exact_plan`).
     """
     from .registry import prepare
 
     J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
     dim = model_dim(model_fn())
     plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
-                   dim=dim, seed=int(seed), reproducible=bool(reproducible))
+                   dim=dim, seed=int(seed), reproducible=bool(reproducible), noise_sampler=noise_sampler)
     return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
             "topology_kwargs": dict(topology_kwargs or {})}
 

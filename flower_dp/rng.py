@@ -105,16 +105,20 @@ def node_secret(reproducible: bool, seed: int) -> NodeKey:
     return NodeKey(secrets.randbits(256), reproducible=False)
 
 
-def noise_record(reproducible: bool, note: str | None = None, device="cpu") -> dict[str, str]:
+def noise_record(reproducible: bool, note: str | None = None, device="cpu", sampler: str = "float") -> dict[str, str]:
     """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...,
     "gaussian_sampler": ...}`` (``note`` replaces the default note of the mode; the sampler is
     :func:`flower_dp.mechanisms.noise.gaussian_sampler` of ``device``, where the nodes draw their noise: a device
-    or a list of them, e.g. ``"numpy-float64"`` on the CPU, ``"torch-cuda-float64"`` on CUDA)."""
+    or a list of them, e.g. ``"numpy-float64"`` on the CPU, ``"torch-cuda-float64"`` on CUDA).  ``sampler``
+    (``"float"`` | ``"exact"``, the run's ``noise_sampler``) is recorded as ``"sampler"``; in the exact mode the
+    Gaussian sampler is the discrete Gaussian on a ChaCha20 keystream (``"cks-discrete-chacha20"``)."""
+    from flower_dp.mechanisms.exact_release import EXACT_SAMPLER_LABEL, check_noise_sampler
     from flower_dp.mechanisms.noise import gaussian_sampler
 
     mode = "reproducible" if reproducible else "secret"
+    exact = check_noise_sampler(sampler) == "exact"
     return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE),
-            "gaussian_sampler": gaussian_sampler(device)}
+            "sampler": sampler, "gaussian_sampler": EXACT_SAMPLER_LABEL if exact else gaussian_sampler(device)}
 
 
 def _seed_int(key: int | NodeKey) -> int:
