@@ -51,7 +51,7 @@ def run(quick: bool = False) -> dict:
 
     _kernel()
     discrete_gaussian(100, 3.0, exact_noise_stream(7, 0, 0))  # numba compiles at the first call: outside the timing
-    n = 20_000 if quick else 2_000_000
+    n = 20_000 if quick else 1_000_000
     reps = 1 if quick else 3
     out: dict = {"exact": {}, "numpy_float_ziggurat": {}, "opendp": {}}
     key = [0]
@@ -67,7 +67,7 @@ def run(quick: bool = False) -> dict:
     g = np.random.Generator(np.random.SFC64(0))
     buf = np.empty(n)
     out["numpy_float_ziggurat"]["any"] = round(_rate(lambda m: g.standard_normal(out=buf[:m]), n, reps))
-    n_odp = 2_000 if quick else 100_000
+    n_odp = 2_000 if quick else 20_000
     for sigma in SIGMAS:
         try:
             fn, version = _opendp(sigma, n_odp)
