@@ -341,14 +341,14 @@ class PushSumNode:
         if rows.shape[0] == 0:
             rows = torch.zeros(0, self.x.numel(), dtype=torch.float32)
         coins = numpy_rng(self._private_key, self.node_id, "noise", k)
-        m, gamma, z, zeroed = exact_release(rows, clip, rel.std * batch_size, coins,
+        m, gamma, z, _ = exact_release(rows, clip, rel.std * batch_size, coins,
                                             exact_noise_stream(self._private_key, self.node_id, k))
         key = (float(self.plan.q[self.node_id]), float(z))
         self._exact_ledger[key] = self._exact_ledger.get(key, 0) + 1
         self.last_release = m
         g_noisy = torch.from_numpy(m.astype(np.float64) * (gamma / batch_size)).to(self.device, torch.float32)
         stats = {"loss": cs.mean_loss, "clip_fraction": cs.clip_fraction, "batch": float(len(idx)),
-                 "grad_norm_mean": cs.mean_norm, "rounding_zeroed": float(zeroed)}
+                 "grad_norm_mean": cs.mean_norm}
         return g_noisy, stats, rel.std
 
     def release_laplace(self, k: int, d: int, scale: float) -> torch.Tensor:
