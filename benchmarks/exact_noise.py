@@ -111,7 +111,8 @@ def _steps(quick: bool) -> dict:
         def exact_step():
             rows, _ = per_sample_clipped_grads(model, F.cross_entropy, x, y, 1.0)
             k[0] += 1
-            m, gamma, _, _ = exact_release(rows, 1.0, 1.0, numpy_rng(3, 0, "noise", k[0]), exact_noise_stream(3, 0, k[0]))
+            m, gamma, _, _ = exact_release(rows, 1.0, 1.0, numpy_rng(3, 0, "noise", k[0]),
+                                           exact_noise_stream(3, 0, k[0]))
             torch.from_numpy(m.astype(np.float64) * (gamma / batch))
 
         def noise_only():

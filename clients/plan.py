@@ -312,7 +312,9 @@ def exact_plan(plan: Plan) -> Plan:
         stds.append(np.asarray(plan.noise_std[i]) * f)
         nus.append(np.asarray(plan.noise_multiplier[i]) * f)
         eps.append(exact_epsilon([(q, z * f, c) for q, z, c in steps], plan.delta_of(i)) if steps else 0.0)
-    note = (f"exact noise: discrete Gaussian on an integer grid, noise scaled by {max(float(n[0] / o[0]) if len(o) and o[0] > 0 else 1.0 for n, o in zip(nus, plan.noise_multiplier)):.3f}x for the "
-            "same eps (its bound: CKS zCDP with Zhu-Wang Poisson subsampling)")
+    factor = max((float(n[0] / o[0]) for n, o in zip(nus, plan.noise_multiplier) if len(o) and o[0] > 0),
+                 default=1.0)
+    note = (f"exact noise: discrete Gaussian on an integer grid, noise scaled by {factor:.3f}x for the same eps "
+            "(its bound: CKS zCDP with Zhu-Wang Poisson subsampling)")
     return replace(base, noise_std=tuple(stds), noise_multiplier=tuple(nus), eps_rigorous=tuple(eps),
                    warnings=plan.warnings + (note,))

@@ -2,8 +2,9 @@
 
 One function, :func:`sample_into`, compiled by numba when it imports (:mod:`.discrete_gaussian`) and otherwise run as
 plain Python: the same statements on the same integers, so both draw the same numbers from the same words.  Every
-quantity is an integer below 2^62 (no float anywhere); the random input is a vector of 62-bit words (int64) from the
-node's ChaCha20 keystream (:func:`flower_dp.rng.exact_noise_stream`).
+quantity is an integer below 2^62; the one float operation (in :func:`bernoulli`) only decides comparisons whose
+answer it provably gets right, the rest go to exact long division.  The random input is a vector of 62-bit
+words (int64) from the node's ChaCha20 keystream (:func:`flower_dp.rng.exact_noise_stream`).
 
 The standard deviation is ``sigma = s / (sqrt(2) L)`` for integers ``s, L >= 1``, so ``sigma^2 = s^2 / (2 L^2)`` is
 rational and the acceptance exponent of Algorithm 3 is a square of a rational, ``(x / M)^2`` with

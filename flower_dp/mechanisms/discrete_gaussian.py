@@ -97,8 +97,8 @@ def _compiled():
     import numba
 
     opts = {"cache": False, "nogil": True, "error_model": "numpy"}
-    for name in ("uniform", "_bernoulli_tie", "bernoulli", "bernoulli_exp_frac", "bernoulli_exp_sq", "bernoulli_exp", "discrete_laplace",
-                 "sample_into"):
+    for name in ("uniform", "_bernoulli_tie", "bernoulli", "bernoulli_exp_frac", "bernoulli_exp_sq", "bernoulli_exp",
+                 "discrete_laplace", "sample_into"):
         setattr(mod, name, numba.njit(**opts)(getattr(mod, name)))
     return mod.sample_into
 
