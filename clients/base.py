@@ -315,6 +315,9 @@ class PushSumNode:
         if self.plan.heuristic:
             raise ValueError(f"{self.plan.algorithm!r} releases Laplace noise with a data-dependent scale, got a "
                              "call to release_gaussian; use release_laplace(k, d, scale)")
+        if getattr(self.plan, "noise_sampler", "float") == "exact":
+            raise ValueError(f"{self.plan.algorithm!r} node {self.node_id}: the plan is in exact mode, got a call to "
+                             "release_gaussian (float noise); an exact release goes through private_gradient")
         rel = self.plan.release(self.node_id, k)
         noise = self.gaussian(k, rel.std, d)
         for step in rel.steps:

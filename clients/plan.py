@@ -291,6 +291,10 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
     return replace(plan, warnings=plan.warnings + tuple(notes), **changes)
 
 
+#: the algorithms whose nodes release through PushSumNode.private_gradient (the exact mode's release)
+EXACT_ALGORITHMS = ("sgp", "dyn_d2p", "dp2_sgd", "adp2_sgd")
+
+
 def exact_plan(plan: Plan) -> Plan:
     """``plan`` in the exact mode (``noise_sampler="exact"``) at the same eps: every node's noise std and multiplier
     scaled by the smallest factor with which the discrete Gaussian's bound (rounding inflation included;
@@ -298,8 +302,9 @@ def exact_plan(plan: Plan) -> Plan:
     Poisson-sampled Gaussian releases (SGP, Dyn-D2P and its variants) have an exact mode."""
     from flower_dp.privacy.discrete_gaussian import calibrate_factor, exact_epsilon
 
-    if plan.heuristic or plan.sampling != "poisson" or plan.noise_multiplier_always:
-        raise ConfigError(f"noise_sampler='exact' covers Poisson-sampled Gaussian releases (sgp, dyn_d2p), got "
+    if (plan.heuristic or plan.sampling != "poisson" or plan.noise_multiplier_always
+            or plan.algorithm not in EXACT_ALGORITHMS):
+        raise ConfigError(f"noise_sampler='exact' covers the Poisson-sampled Gaussian releases of {EXACT_ALGORITHMS}, got "
                           f"{plan.algorithm!r} ({'Laplace' if plan.heuristic else plan.sampling} releases); use "
                           "noise_sampler='float' for it")
     base = replace(plan, noise_sampler="exact")

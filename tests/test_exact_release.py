@@ -97,3 +97,11 @@ def test_float_mode_is_unchanged():
 def test_bad_noise_sampler():
     with pytest.raises(ValueError, match="noise_sampler must be one of"):
         _plan("secure")
+
+
+def test_exact_mode_is_refused_where_the_node_has_no_exact_release():
+    from flower_dp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="noise_sampler='exact' covers"):
+        prepare("privsgp_vr", {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5},
+                n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58, seed=3, noise_sampler="exact")
