@@ -10,6 +10,8 @@ shared machine absolute times are noisy; the ratios are what to compare.
 | ``private_step_ratio_{cnn,mlp}_b{32,64}_opacus_{hooks,ghost,functorch}`` | Opacus' DP step, each mode (null without Opacus) | non-private step, interleaved with ours |
 | ``private_step_median_ratio_{cnn,mlp}_b{32,64}_prefetch`` | the same, noise drawn ahead on a second thread (``run.prefetch_noise``), blocks of consecutive steps | non-private steps, same blocks |
 | ``private_step_median_ours_over_opacus_best_{cnn,mlp}_b{32,64}`` | our DP step, by the median (goal <= 0.6) | Opacus' best mode, same loop |
+| ``exact_noise_samples_per_s`` | exact discrete Gaussian samples/s per core, by sigma (grid units; goal >= 20 M) | ``float_noise_samples_per_s`` (numpy's ziggurat), ``opendp_noise_samples_per_s`` |
+| ``private_step_ratio_{cnn,mlp}_b64_exact`` | the exact-mode DP step (``noise_sampler="exact"``) | non-private step; ``..._float_beside_exact``: the float mode's, same loop |
 | ``engine_overhead_ratio`` | segment under Flower on Ray, n = 16 CNN Dyn-D2P, one epoch | in-process segment |
 | ``accounting_seconds_3000`` | rigorous (PLD) eps of a 3,000-step dynamic schedule | (seconds) |
 | ``accounting_eps_rel_diff`` | bucketed eps | unbucketed eps |
@@ -41,7 +43,7 @@ from pathlib import Path
 __all__ = ["BENCHMARKS", "REQUIRED_KEYS", "run_suite", "format_table", "main"]
 
 #: Benchmarks in run order.
-BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale", "raylets")
+BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale", "raylets", "exact_noise")
 
 #: Opacus ``grad_sample_mode`` values timed beside our private step (benchmarks.private_step.OPACUS_MODES).
 OPACUS_MODES = ("hooks", "ghost", "functorch")
@@ -85,7 +87,7 @@ def _get(d, *path):
 
 
 def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
-    from . import accounting, engine, lrq_codec, private_step, raylets
+    from . import accounting, engine, exact_noise, lrq_codec, private_step, raylets
 
     fns = {
         "private_step": lambda: private_step.run(quick),
@@ -95,6 +97,7 @@ def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
         "wire": lambda: lrq_codec.run_wire(quick),
         "scale": lambda: engine.run_scale(quick, skip_ray=skip_ray),
         "raylets": lambda: raylets.run(quick, skip_ray=skip_ray),
+        "exact_noise": lambda: exact_noise.run(quick),
     }
     t0 = time.perf_counter()
     try:
@@ -192,6 +195,16 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
     doc["opacus"] = _get(details, "private_step", "opacus")
     if quick:
         doc["accounting_seconds_quick"] = _get(details, "accounting", "seconds_bucketed")
+    # the exact-noise mode (noise_sampler="exact"): discrete Gaussian samples/s per core by sigma (grid units), and
+    # its private step over the non-private one next to the float mode's, measured in the same loop
+    doc["exact_noise_samples_per_s"] = _get(details, "exact_noise", "exact")
+    doc["float_noise_samples_per_s"] = _get(details, "exact_noise", "numpy_float_ziggurat", "any")
+    doc["opendp_noise_samples_per_s"] = _get(details, "exact_noise", "opendp")
+    for case in ("cnn", "mlp"):
+        b = "b8" if quick else "b64"
+        doc[f"private_step_ratio_{case}_b64_exact"] = _get(details, "exact_noise", "steps", f"{case}_{b}", "ratio_exact")
+        doc[f"private_step_ratio_{case}_b64_float_beside_exact"] = _get(details, "exact_noise", "steps", f"{case}_{b}",
+                                                                       "ratio_float")
     doc["total_wall_s"] = round(time.perf_counter() - t0, 1)
     return doc
 
@@ -264,6 +277,14 @@ def format_table(doc: dict) -> str:
     rows.append(("Ray 2 raylets / 1 raylet", _fmt(doc.get("raylets_throughput_ratio")),
                  rl.get("note") or f"node-it/s {rl.get('node_iterations_per_s_2')} vs {rl.get('node_iterations_per_s_1')} "
                  f"(median ratio {rl.get('median_ratio')}); hosts on distinct Ray nodes: {rl.get('hosts_on_distinct_ray_nodes_2')}"))
+    ex = _get(doc, "details", "exact_noise") or {}
+    rows.append(("exact noise samples/s by sigma", "", ex.get("note") or
+                 f"exact {json.dumps(ex.get('exact'))}; numpy float {ex.get('numpy_float_ziggurat')}; "
+                 f"opendp {json.dumps(ex.get('opendp'))} ({ex.get('opendp_version')})"))
+    for case, r in (ex.get("steps") or {}).items():
+        rows.append((f"exact private step {case}/np", _fmt(r["ratio_exact"]),
+                     f"float mode {_fmt(r['ratio_float'])}; exact/float {_fmt(r['exact_over_float'])}; "
+                     f"np {r['nonprivate_ms']} ms, exact {r['exact_ms']} ms (noise alone {r['exact_noise_only_ms']} ms)"))
     w = [max(len(str(r[i])) for r in rows) for i in range(2)]
     lines = [f"{r[0]:<{w[0]}}  {r[1]:>{w[1]}}  {r[2]}" for r in rows]
     lines.insert(1, "-" * len(lines[0]))

@@ -23,12 +23,14 @@ from torch import nn
 
 from flower_dp.errors import NonFiniteError
 from flower_dp.gossip import Contribution, Share
-from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_grad_sum
+from flower_dp.mechanisms.clipping import batch_gradient, per_sample_clipped_grad_sum, per_sample_clipped_grads
+from flower_dp.mechanisms.exact_release import exact_release
 from flower_dp.mechanisms.ghost_clipping import check_ghost_supported, ghost_clipped_grad_sum
 from flower_dp.mechanisms.flat import flatten_params
 from flower_dp.privacy.accountant import NodeAccountant
 from flower_dp.mechanisms.noise import NoisePrefetcher, gaussian_noise, laplace_noise
-from flower_dp.rng import NodeKey, node_secret, noise_generator, numpy_rng
+from flower_dp.privacy.discrete_gaussian import exact_epsilon
+from flower_dp.rng import NodeKey, exact_noise_stream, node_secret, noise_generator, numpy_rng
 from flower_dp.rng import torch_generator
 
 from .plan import HEURISTIC_NOTE, NoiseRelease, Plan, ablate, validate_params
@@ -89,6 +91,9 @@ class PushSumNode:
         # mode (flower_dp.rng); never in state_dict, results or logs
         self._private_key: NodeKey = node_secret(plan.reproducible, plan.seed)
         self._prefetcher: NoisePrefetcher | None = None
+        # exact mode: the discrete Gaussian releases charged so far, {(q, noise_multiplier): count}
+        self._exact_ledger: dict[tuple[float, float], int] = {}
+        self.last_release: np.ndarray | None = None  # exact mode: the int64 vector the last release published
 
     def prefetch_noise(self, enabled: bool = True) -> None:
         """Draw each iteration's Gaussian noise ahead, on the process's noise thread, while the gradients are
@@ -138,9 +143,13 @@ class PushSumNode:
         sensitivity, per node-message, with no proof behind it.
         """
         plan, i = self.plan, self.node_id
-        charged = self.accountant.steps_charged
-        eps = self.accountant.epsilon(plan.delta_of(i)) if (plan.private and charged) else (
-            0.0 if plan.private else float("inf"))
+        exact = getattr(plan, "noise_sampler", "float") == "exact"
+        charged = sum(self._exact_ledger.values()) if exact else self.accountant.steps_charged
+        if exact and plan.private and charged:
+            eps = exact_epsilon([(q, z, c) for (q, z), c in self._exact_ledger.items()], plan.delta_of(i))
+        else:
+            eps = self.accountant.epsilon(plan.delta_of(i)) if (plan.private and charged) else (
+                0.0 if plan.private else float("inf"))
         if plan.heuristic:
             head = {"eps_rigorous": None, "eps_heuristic": float(eps),
                     "eps_heuristic_planned": plan.eps_planned(i), "privacy_note": HEURISTIC_NOTE}
@@ -154,6 +163,7 @@ class PushSumNode:
             "adjacency": plan.adjacency,
             "heuristic": plan.heuristic,
             "steps_charged": int(charged),
+            "noise_sampler": getattr(plan, "noise_sampler", "float"),
         }
 
     # ----------------------------------------------------------------- checkpoint
@@ -177,6 +187,7 @@ class PushSumNode:
             "w": self.w,
             "bits_sent": self._bits_sent,
             "accountant": self.accountant.state_dict(),
+            "exact_ledger": [[q, z, c] for (q, z), c in self._exact_ledger.items()],
             "extra": self._extra_state(),
         }
 
@@ -191,6 +202,7 @@ class PushSumNode:
         self.w = float(state["w"])
         self._bits_sent = int(state["bits_sent"])
         self.accountant.load_state_dict(state["accountant"])
+        self._exact_ledger = {(float(q), float(z)): int(c) for q, z, c in state.get("exact_ledger", [])}
         self._load_extra_state(state["extra"])
         # a restored node never reuses its old noise at another state: fresh secret (seed in reproducible mode)
         self._private_key = node_secret(self.plan.reproducible, self.plan.seed)
@@ -303,11 +315,44 @@ class PushSumNode:
         if self.plan.heuristic:
             raise ValueError(f"{self.plan.algorithm!r} releases Laplace noise with a data-dependent scale, got a "
                              "call to release_gaussian; use release_laplace(k, d, scale)")
+        if getattr(self.plan, "noise_sampler", "float") == "exact":
+            raise ValueError(f"{self.plan.algorithm!r} node {self.node_id}: the plan is in exact mode, got a call to "
+                             "release_gaussian (float noise); an exact release goes through private_gradient")
         rel = self.plan.release(self.node_id, k)
         noise = self.gaussian(k, rel.std, d)
         for step in rel.steps:
             self.accountant.charge(step)
         return noise, rel.std
+
+    def private_gradient(self, k: int, params: torch.Tensor, idx: torch.Tensor, batch_size: int, clip: float):
+        """Iteration ``k``'s noisy batch-mean gradient ``(g_noisy, stats, std)``, drawn and charged.
+
+        ``noise_sampler="float"``: :meth:`grad_mean` plus :meth:`release_gaussian`'s noise (``g + noise``).
+        ``"exact"``: the release is the int64 vector ``m`` of :func:`flower_dp.mechanisms.exact_release.exact_release`
+        (kept in :attr:`last_release`) and ``g_noisy = (gamma / B) m``, post-processing of it; the discrete
+        Gaussian is charged to the node's exact ledger (:mod:`flower_dp.privacy.discrete_gaussian`)."""
+        if getattr(self.plan, "noise_sampler", "float") != "exact" or math.isinf(clip):
+            g, stats = self.grad_mean(params, idx, batch_size, clip, k)
+            noise, std = self.release_gaussian(k, g.numel())
+            return g + noise, stats, std
+        rel = self.plan.release(self.node_id, k)
+        xb, yb = self.data_x[idx], self.data_y[idx]
+        try:
+            rows, cs = per_sample_clipped_grads(self.model, self.loss_fn, xb, yb, clip, params=params)
+        except NonFiniteError as exc:
+            raise NonFiniteError(f"node {self.node_id} at k={k}: {exc}", node=self.node_id, step=k) from exc
+        if rows.shape[0] == 0:
+            rows = torch.zeros(0, self.x.numel(), dtype=torch.float32)
+        coins = numpy_rng(self._private_key, self.node_id, "noise", k)
+        m, gamma, z, _ = exact_release(rows, clip, rel.std * batch_size, coins,
+                                            exact_noise_stream(self._private_key, self.node_id, k))
+        key = (float(self.plan.q[self.node_id]), float(z))
+        self._exact_ledger[key] = self._exact_ledger.get(key, 0) + 1
+        self.last_release = m
+        g_noisy = torch.from_numpy(m.astype(np.float64) * (gamma / batch_size)).to(self.device, torch.float32)
+        stats = {"loss": cs.mean_loss, "clip_fraction": cs.clip_fraction, "batch": float(len(idx)),
+                 "grad_norm_mean": cs.mean_norm}
+        return g_noisy, stats, rel.std
 
     def release_laplace(self, k: int, d: int, scale: float) -> torch.Tensor:
         """Iteration ``k``'s Laplace release (DPPS family), drawn and charged in one call.

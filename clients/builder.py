@@ -176,6 +176,7 @@ def build_parts(config: Any, *, plan: Plan | None = None, test: bool = True) -> 
         out.dim = model_dim(out.new_model())
         out.plan = prepare(cfg["algorithm"]["name"], dict(cfg["algorithm"]["params"]), n_nodes=n,
                            samples_per_node=[len(p) for p in parts], num_iters=int(cfg["run"]["num_iters"]),
-                           dim=out.dim, seed=seed, reproducible=bool(cfg["run"].get("reproducible", False)))
+                           dim=out.dim, seed=seed, reproducible=bool(cfg["run"].get("reproducible", False)),
+                           noise_sampler=cfg["run"].get("noise_sampler", "float"))
     out.topology = run_topology(out.plan, base)
     return out

@@ -20,7 +20,7 @@ from flower_dp.errors import ConfigError
 from flower_dp.privacy.accountant import TABLE_SAMPLING, GaussianStep, LaplaceStep
 from flower_dp.rng import noise_record
 
-__all__ = ["Plan", "NoiseRelease", "validate_params", "ablate", "HEURISTIC_NOTE"]
+__all__ = ["Plan", "NoiseRelease", "validate_params", "ablate", "exact_plan", "HEURISTIC_NOTE"]
 
 #: Why a DPPS-family eps is ``eps_heuristic`` and never ``eps_rigorous`` (results files, reports).
 HEURISTIC_NOTE = ("heuristic, no DP proof: the Laplace scale rests on a data-dependent sensitivity estimate broadcast "
@@ -98,6 +98,12 @@ class Plan:
         from OS entropy (:func:`flower_dp.rng.node_secret`).  True: a simulation mode keyed by the
         public ``seed`` (identical numbers on every backend and across resumes; the guarantee holds only
         against parties that do not know the seed).
+    noise_sampler : {"float", "exact"}
+        ``"float"`` (default): numpy's float64 Gaussian added to the float gradient.  ``"exact"``: integers on a
+        public grid plus the exact discrete Gaussian from a ChaCha20 keystream
+        (:mod:`flower_dp.mechanisms.exact_release`), charged by :mod:`flower_dp.privacy.discrete_gaussian`
+        (:meth:`exact_steps`); its ``noise_std`` / ``noise_multiplier`` are the float plan's scaled so that its
+        eps is the float plan's (:func:`exact_plan`).
     """
 
     algorithm: str
@@ -126,6 +132,7 @@ class Plan:
     node_delta: tuple[float, ...] = ()
     eps_heuristic: tuple[float, ...] = ()
     reproducible: bool = False
+    noise_sampler: str = "float"
 
     def __post_init__(self) -> None:
         # the std a node draws and the steps it is charged describe one release: a plan that would draw
@@ -190,6 +197,17 @@ class Plan:
         """Node ``i``'s noise release at iteration ``k``: the std it draws and the steps it is charged."""
         return NoiseRelease(float(self.noise_std[i][k]), tuple(self.charged_steps(i, k, k + 1)))
 
+    def exact_steps(self, i: int, start: int = 0, stop: int | None = None) -> list[tuple[float, float, int]]:
+        """Exact mode: node ``i``'s planned discrete Gaussian releases ``(q, sigma / Delta, 1)`` for iterations
+        ``[start, stop)`` (``Delta``: the rounded sensitivity, :func:`flower_dp.mechanisms.exact_release.inflation`
+        times the clip bound)."""
+        from flower_dp.mechanisms.exact_release import inflation
+
+        infl = inflation(self.dim)
+        stop = self.num_iters if stop is None else int(stop)
+        return [(float(self.q[i]), float(v) / infl, 1) for v in self.noise_multiplier[i][start:stop]
+                if v > 0 and math.isfinite(v)]
+
     def summary(self, device: Any = "cpu") -> dict[str, Any]:
         """JSON-friendly description for the results file; ``noise`` names the sampler of the nodes' ``device`` (a
         device or a list of them: :func:`flower_dp.rng.noise_record`)."""
@@ -215,7 +233,7 @@ class Plan:
             "noise_std_first_last": [[float(s[0]), float(s[-1])] if len(s) else [] for s in self.noise_std],
             "warnings": list(self.warnings),
             "reproducible": self.reproducible,
-            "noise": noise_record(self.reproducible, device=device),
+            "noise": noise_record(self.reproducible, device=device, sampler=self.noise_sampler),
         }
 
 
@@ -271,3 +289,37 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
             changes["params"] = replace(changes.get("params", plan.params), clip_l1=math.inf)
         notes.append("ablation: clipping off")
     return replace(plan, warnings=plan.warnings + tuple(notes), **changes)
+
+
+#: the algorithms whose nodes release through PushSumNode.private_gradient (the exact mode's release)
+EXACT_ALGORITHMS = ("sgp", "dyn_d2p", "dp2_sgd", "adp2_sgd")
+
+
+def exact_plan(plan: Plan) -> Plan:
+    """``plan`` in the exact mode (``noise_sampler="exact"``) at the same eps: every node's noise std and multiplier
+    scaled by the smallest factor with which the discrete Gaussian's bound (rounding inflation included;
+    :mod:`flower_dp.privacy.discrete_gaussian`) gives at most the float plan's ``eps_rigorous``.  Only plans of
+    Poisson-sampled Gaussian releases (SGP, Dyn-D2P and its variants) have an exact mode."""
+    from flower_dp.privacy.discrete_gaussian import calibrate_factor, exact_epsilon
+
+    if (plan.heuristic or plan.sampling != "poisson" or plan.noise_multiplier_always
+            or plan.algorithm not in EXACT_ALGORITHMS):
+        raise ConfigError(f"noise_sampler='exact' covers the Poisson-sampled Gaussian releases of {EXACT_ALGORITHMS}, got "
+                          f"{plan.algorithm!r} ({'Laplace' if plan.heuristic else plan.sampling} releases); use "
+                          "noise_sampler='float' for it")
+    base = replace(plan, noise_sampler="exact")
+    if not plan.private:
+        return base
+    stds, nus, eps = [], [], []
+    for i in range(plan.n_nodes):
+        steps = base.exact_steps(i)
+        f = calibrate_factor(steps, plan.delta_of(i), float(plan.eps_rigorous[i])) if steps else 1.0
+        stds.append(np.asarray(plan.noise_std[i]) * f)
+        nus.append(np.asarray(plan.noise_multiplier[i]) * f)
+        eps.append(exact_epsilon([(q, z * f, c) for q, z, c in steps], plan.delta_of(i)) if steps else 0.0)
+    factor = max((float(n[0] / o[0]) for n, o in zip(nus, plan.noise_multiplier) if len(o) and o[0] > 0),
+                 default=1.0)
+    note = (f"exact noise: discrete Gaussian on an integer grid, noise scaled by {factor:.3f}x for the same eps "
+            "(its bound: CKS zCDP with Zhu-Wang Poisson subsampling)")
+    return replace(base, noise_std=tuple(stds), noise_multiplier=tuple(nus), eps_rigorous=tuple(eps),
+                   warnings=plan.warnings + (note,))

@@ -263,9 +263,8 @@ class DP2SGDNode(DPSGDNode):
         i, B = self.node_id, self.params.batch_size
         clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)
-        g, stats = self.grad_mean(self.x, idx, B, clip, k)          # at the node's OWN x (pre-mix)
-        noise, std = self.release_gaussian(k, g.numel())
-        self.pending = self.params.lr * (g + noise)                # applied after mixing (COMMON.md F8)
+        g_noisy, stats, std = self.private_gradient(k, self.x, idx, B, clip)  # at the node's OWN x (pre-mix)
+        self.pending = self.params.lr * g_noisy                    # applied after mixing (COMMON.md F8)
         self.check_finite_(self.pending, "gradient step", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}
         return self.push_shares(k, {"x": self.x}, None, FLOAT_BITS * self.x.numel())

@@ -230,7 +230,8 @@ def registry_builder(node_id: int, spec: dict, context: Any = None) -> Callable[
 def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn: Callable[[], Any],
               samples_per_node: int | list[int], num_iters: int, topology: str = "exp_one_peer",
               topology_kwargs: dict[str, Any] | None = None, seed: int = 0,
-              reproducible: bool = False, party: str | None = None) -> dict[str, Any]:
+              reproducible: bool = False, party: str | None = None,
+              noise_sampler: str = "float") -> dict[str, Any]:
     """Server side of a drop-in run with your own model: the node spec for :class:`PushSumStrategy`.
 
     Parameters
@@ -256,6 +257,9 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
         ``"model_observer"`` or ``"relay"``; all three are charged the per-node eps the noise is calibrated to, so
         the plan is the same; :class:`PushSumStrategy` reads it from the spec (and refuses ``"relay"`` when the
         nodes' states come back to the server).
+    noise_sampler : {"float", "exact"}
+        As ``[run] noise_sampler``: ``"exact"`` releases integers plus the exact discrete Gaussian
+        (:func:`flower_dp.clients.plan.exact_plan`).
     """
     from flower_dp.privacy.parties import check_party
 
@@ -266,7 +270,7 @@ def plan_spec(algorithm: str, params: dict[str, Any], *, n_nodes: int, model_fn:
     J = [int(samples_per_node)] * int(n_nodes) if isinstance(samples_per_node, int) else list(samples_per_node)
     dim = model_dim(model_fn())
     plan = prepare(algorithm, dict(params), n_nodes=int(n_nodes), samples_per_node=J, num_iters=int(num_iters),
-                   dim=dim, seed=int(seed), reproducible=bool(reproducible))
+                   dim=dim, seed=int(seed), reproducible=bool(reproducible), noise_sampler=noise_sampler)
     return {"builder": "model", "algorithm": algorithm, "plan": plan, "topology": topology,
             "topology_kwargs": dict(topology_kwargs or {}), "party": party}
 

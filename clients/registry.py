@@ -27,7 +27,10 @@ from flower_dp._checks import check_int
 from flower_dp.errors import ConfigError
 from flower_dp.privacy import PrivacyBudget, max_steps, rigorous_epsilon
 
+from flower_dp.mechanisms.exact_release import check_noise_sampler
+
 from .base import Plan, PushSumNode, ablate, validate_params
+from .plan import exact_plan
 from .dp_csgp import DPCSGPNode, DPCSGPParams, prepare_dp_csgp
 from .dpps import DPPSNode, DPPSParams, PEDFLNode, PEDFLParams, prepare_dpps, prepare_pedfl
 from .dyn_d2p import DynD2PNode, DynD2PParams, prepare_dyn_d2p
@@ -93,12 +96,14 @@ def prepare(
     dim: int,
     seed: int,
     reproducible: bool = False,
+    noise_sampler: str = "float",
 ) -> Plan:
     """Validate, calibrate and plan one run of ``algorithm`` (see the module docstring).
 
     ``reproducible=False`` (default): every node keys its privacy noise and private sampling with its
     own secret from OS entropy.  ``True``: the simulation mode keyed by the public ``seed`` (identical
     numbers on every backend; the guarantee holds only against parties that do not know the seed).
+    ``noise_sampler``: ``"float"`` (default) or ``"exact"`` (:func:`flower_dp.clients.plan.exact_plan`).
     """
     _check_algorithm(algorithm)
     n_nodes = check_int("n_nodes", n_nodes, minimum=1)
@@ -114,7 +119,10 @@ def prepare(
     budget = getattr(p, "budget_epsilon", None)
     if budget is not None and plan.private:
         plan = _truncate_to_budget(plan, float(budget))
-    return dataclasses.replace(plan, reproducible=bool(reproducible))
+    plan = dataclasses.replace(plan, reproducible=bool(reproducible))
+    if check_noise_sampler(noise_sampler) == "exact":
+        plan = exact_plan(plan)
+    return plan
 
 
 def _max_iters(plan: Plan, i: int, budget_epsilon: float) -> int:

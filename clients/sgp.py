@@ -87,9 +87,10 @@ class SGPNode(PushSumNode):
         B = self.params.batch_size
         clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)                                   # dyn-d2p.md 3.8: Poisson(q = B/J)
-        g, stats = self.grad_mean(self.z(), idx, B, clip, k)              # gradient at z, clipped per sample (eq. 5)
-        noise, std = self.release_gaussian(k, g.numel())                  # N_i^k (std sigma_k / B), drawn and charged
-        x_half = self.x - self.params.lr * (g + noise)                    # step 5: x^{k+1/2}
+        # gradient at z, clipped per sample (eq. 5), + N_i^k (std sigma_k / B), drawn and charged (exact mode:
+        # integers on a grid + discrete Gaussian, PushSumNode.private_gradient)
+        g_noisy, stats, std = self.private_gradient(k, self.z(), idx, B, clip)
+        x_half = self.x - self.params.lr * g_noisy                        # step 5: x^{k+1/2}
         self.check_finite_(x_half, "x_half", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}
         return self.push_shares(k, {"x": x_half}, self.w, FLOAT_BITS * x_half.numel())  # steps 6-7

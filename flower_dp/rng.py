@@ -36,7 +36,8 @@ import secrets
 import numpy as np
 
 __all__ = ["PURPOSES", "PRIVATE_PURPOSES", "NodeKey", "node_secret", "noise_record", "stream_seed", "numpy_rng", "noise_generator",
-           "torch_generator", "SECRET_NOTE", "REPRODUCIBLE_NOTE"]
+           "torch_generator", "SECRET_NOTE", "REPRODUCIBLE_NOTE", "KeyStream", "stream_key",
+           "exact_noise_stream"]
 
 #: Known purposes; the integer code is part of the stream key and must never change.
 PURPOSES = {"data": 0, "noise": 1, "compress": 2, "init": 3, "sample": 4, "lrq": 5, "topology": 6, "eval": 7}
@@ -104,16 +105,20 @@ def node_secret(reproducible: bool, seed: int) -> NodeKey:
     return NodeKey(secrets.randbits(256), reproducible=False)
 
 
-def noise_record(reproducible: bool, note: str | None = None, device="cpu") -> dict[str, str]:
+def noise_record(reproducible: bool, note: str | None = None, device="cpu", sampler: str = "float") -> dict[str, str]:
     """The ``"noise"`` entry of a results file: ``{"mode": "secret" | "reproducible", "note": ...,
     "gaussian_sampler": ...}`` (``note`` replaces the default note of the mode; the sampler is
     :func:`flower_dp.mechanisms.noise.gaussian_sampler` of ``device``, where the nodes draw their noise: a device
-    or a list of them, e.g. ``"numpy-float64"`` on the CPU, ``"torch-cuda-float64"`` on CUDA)."""
+    or a list of them, e.g. ``"numpy-float64"`` on the CPU, ``"torch-cuda-float64"`` on CUDA).  ``sampler``
+    (``"float"`` | ``"exact"``, the run's ``noise_sampler``) is recorded as ``"sampler"``; in the exact mode the
+    Gaussian sampler is the discrete Gaussian on a ChaCha20 keystream (``"cks-discrete-chacha20"``)."""
+    from flower_dp.mechanisms.exact_release import EXACT_SAMPLER_LABEL, check_noise_sampler
     from flower_dp.mechanisms.noise import gaussian_sampler
 
     mode = "reproducible" if reproducible else "secret"
+    exact = check_noise_sampler(sampler) == "exact"
     return {"mode": mode, "note": note or (REPRODUCIBLE_NOTE if reproducible else SECRET_NOTE),
-            "gaussian_sampler": gaussian_sampler(device)}
+            "sampler": sampler, "gaussian_sampler": EXACT_SAMPLER_LABEL if exact else gaussian_sampler(device)}
 
 
 def _seed_int(key: int | NodeKey) -> int:
@@ -162,3 +167,67 @@ def torch_generator(seed: int | NodeKey, node: int, purpose: str | int, k: int =
     return g
 
 
+
+
+class KeyStream:
+    """A ChaCha20 keystream (RFC 8439 block function, via the ``cryptography`` package) read as words.
+
+    The 256-bit ChaCha key is BLAKE2b-256 of the node key and ``(node, purpose, k)`` (personalised
+    ``flower-dp/keystr``): streams of different keys, nodes, purposes or iterations are computationally independent,
+    and the same key gives the same words on every machine.  Not picklable (it is a live cipher state)."""
+
+    __slots__ = ("_enc",)
+
+    def __init__(self, key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        if len(key) != 32:
+            raise ValueError(f"key must be 32 bytes, got {len(key)}")
+        self._enc = Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor()
+
+    def bytes(self, n: int) -> bytes:
+        """The next ``n`` keystream bytes."""
+        return self._enc.update(bytes(int(n)))
+
+    def words64(self, n: int) -> np.ndarray:
+        """The next ``n`` keystream words as uint64 (little-endian)."""
+        n = int(n)
+        out = np.empty(n, dtype="<u8")
+        view = memoryview(out).cast("B")
+        step = 1 << 20
+        zeros = bytes(min(8 * n, step))
+        for a in range(0, 8 * n, step):
+            b = min(8 * n, a + step)
+            self._enc.update_into(zeros[:b - a], view[a:b])  # noqa: the keystream XOR zeros is the keystream
+        return out.view(np.uint64)
+
+    def words62(self, n: int) -> np.ndarray:
+        """The next ``n`` words, each a uniform integer in [0, 2^62) (its top 62 bits), as int64."""
+        w = self.words64(n)
+        w >>= np.uint64(2)
+        return w.view(np.int64)
+
+    def __reduce__(self):
+        raise TypeError("a KeyStream is a live cipher state and is not picklable; make a new one where it is used")
+
+
+def stream_key(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0) -> bytes:
+    """The 256-bit ChaCha20 key of the stream (seed, node, purpose, k): BLAKE2b-256 of the whole key (every bit of
+    a 256-bit secret) and the stream's coordinates."""
+    import hashlib
+
+    value = _seed_int(seed)
+    if value < 0:
+        raise ValueError(f"seed must be >= 0, got {value}")
+    vb = value.to_bytes(max(32, (value.bit_length() + 7) // 8), "big")
+    h = hashlib.blake2b(digest_size=32, person=b"flower-dp/keystr")
+    for part in (len(vb).to_bytes(8, "big"), vb, int(node).to_bytes(8, "big", signed=True),
+                 _purpose_code(purpose).to_bytes(8, "big"), int(k).to_bytes(8, "big", signed=True)):
+        h.update(part)
+    return h.digest()
+
+
+def exact_noise_stream(seed: int | NodeKey, node: int, k: int = 0) -> KeyStream:
+    """Node ``node``'s ChaCha20 keystream for its exact-mode noise at iteration ``k`` (purpose ``"noise"``): what
+    :func:`flower_dp.mechanisms.discrete_gaussian.discrete_gaussian` reads."""
+    return KeyStream(stream_key(seed, node, "noise", k))

@@ -325,7 +325,8 @@ class PushSumStrategy(Strategy):
         return RunHeader(name=self.run_name, backend=f"flower-{self.transport}", algorithm=self.spec.algorithm_name,
                          config=self.spec.config or {}, seed=getattr(plan, "seed", None),
                          # the toy node (no plan) draws seeded noise and claims no privacy
-                         noise=noise_record(bool(getattr(plan, "reproducible", True)), device=devices),
+                         noise=noise_record(bool(getattr(plan, "reproducible", True)), device=devices,
+                                            sampler=getattr(plan, "noise_sampler", "float")),
                          released=release_fields(self.debug_metrics, private=self._claims_privacy(plan)),
                          plan_summary=plan_summary(plan, devices), num_iters_requested=self._num_iters_requested(),
                          num_iters=self.num_iters, iters_per_round=self.iters_per_round, info=self.run_info,

@@ -133,3 +133,15 @@ def test_engine_round_parts_time_what_the_strategy_calls():
 
     assert set(engine.ROUND_PARTS[1:]) == backend_calls
     assert all(callable(getattr(RayGossipBackend, name, None)) for name in backend_calls)
+
+
+def test_quick_suite_reports_the_exact_noise_mode(quick_doc):
+    """The exact mode's figures: samples/s per sigma (grid units), and its private step next to the float one."""
+    rates = quick_doc["exact_noise_samples_per_s"]
+    assert set(rates) == {"1", "10", "1000", "1e+06"}
+    assert all(isinstance(v, (int, float)) and v > 0 for v in rates.values())
+    assert quick_doc["float_noise_samples_per_s"] > 0
+    for case in ("cnn", "mlp"):
+        for key in (f"private_step_ratio_{case}_b64_exact", f"private_step_ratio_{case}_b64_float_beside_exact"):
+            v = quick_doc[key]
+            assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)

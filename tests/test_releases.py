@@ -45,9 +45,9 @@ NODE_METRICS = set(PUBLIC_NODE_METRICS) | set(HEURISTIC_BROADCAST_METRICS)
 ROW_KEYS = {"k", "round", "bits_total", "acc_avg", "test_loss_avg", "acc_nodes_mean", "accuracy", "loss", "eval"}
 #: privacy_report keys: eps numbers (any "eps*" key) and public descriptors of the mechanism.
 PRIVACY_KEYS = {"delta", "accountant", "adjacency", "heuristic", "steps_charged", "memory_bytes", "node", "note",
-                "privacy_note", "sampling", "not_accounted", "mechanism"}
+                "privacy_note", "sampling", "not_accounted", "mechanism", "noise_sampler"}
 #: A node state's public part (the coordinator's checkpoint): the noised push-sum state, the ledger.
-STATE_KEYS = {"node_id", "algorithm", "x", "w", "bits_sent", "accountant", "extra"}
+STATE_KEYS = {"node_id", "algorithm", "x", "w", "bits_sent", "accountant", "exact_ledger", "extra"}
 #: extra state that is a post-processing of noised values: D-PSGD's pending step lr (g + noise); DP-CSGP's
 #: noised half step, its reference x_hat (the sum of its sent, noised q) and s (the sum of received q);
 #: set-up flags

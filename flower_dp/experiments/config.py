@@ -8,7 +8,9 @@ A config has six tables::
                  reproducible (default false: privacy noise and private sampling come from each node's
                  secret; true: a simulation mode keyed by the published seed, see flower_dp.rng),
                  prefetch_noise (default false: true draws each CPU node's next Gaussian noise on a
-                 background thread while it computes; the same numbers, faster with a free core)
+                 background thread while it computes; the same numbers, faster with a free core),
+                 noise_sampler ("float" default | "exact": integers on a grid plus the exact discrete
+                 Gaussian from a ChaCha20 keystream, see docs/privacy.md "Floating point")
     [data]       dataset, root, partition, alpha, samples_per_node, test_samples, scaling ("standard" | "unit")
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
@@ -47,6 +49,7 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "debug_metrics": False,
         "reproducible": False,
         "prefetch_noise": False,
+        "noise_sampler": "float",
     },
     "data": {
         "dataset": "fashion_mnist",
@@ -138,6 +141,8 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     for key in ("reproducible", "prefetch_noise"):
         if not isinstance(run[key], bool):
             problems.append(f"run.{key} must be true or false, got {run[key]!r}")
+    if run["noise_sampler"] not in ("float", "exact"):
+        problems.append(f"run.noise_sampler must be 'float' or 'exact', got {run['noise_sampler']!r}")
     _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
     if data["scaling"] not in ("standard", "unit"):
         problems.append(f"data.scaling must be 'standard' or 'unit', got {data['scaling']!r}")

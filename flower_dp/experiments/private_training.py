@@ -113,6 +113,7 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
                   batch_size: int = 32, lr: float = 0.05, algorithm: str = "dp2_sgd",
                   params: dict[str, Any] | None = None, topology: str = "exp_one_peer",
                   partition: str = "shuffle_split", seed: int = 0, reproducible: bool = False,
+                  noise_sampler: str = "float",
                   out_dir: str | Path | None = None, resume: bool = False, backend: str = "inprocess",
                   num_hosts: int = 2, device: str = "cpu", name: str = "train_private",
                   progress: bool = False, party: str | None = None) -> PrivateRun:
@@ -136,7 +137,7 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
     algorithm, params : str, dict
         A :mod:`flower_dp.clients.registry` algorithm (default ``"dp2_sgd"``: DP-SGD steps mixed by push-sum) and
         extra parameters of it (they override the arguments above).
-    n_nodes, num_iters, eval_every, topology, partition, seed, reproducible, device
+    n_nodes, num_iters, eval_every, topology, partition, seed, reproducible, device, noise_sampler
         As the ``[topology]``, ``[run]`` and ``[data]`` keys of a config (:mod:`flower_dp.experiments.config`);
         ``eval_every`` defaults to ``num_iters`` (one evaluation at the end).
     out_dir, resume : path, bool
@@ -174,7 +175,8 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
         "run": {"name": name, "seed": int(seed), "num_iters": int(num_iters),
                 "eval_every": int(eval_every or num_iters), "out_dir": None if out_dir is None else str(out_dir),
                 "checkpoint": checkpoint, "progress": bool(progress),
-                "device": device, "reproducible": bool(reproducible)},
+                "device": device, "reproducible": bool(reproducible),
+                "noise_sampler": noise_sampler},
         "data": {"dataset": key, "partition": partition},
         "model": {"name": key},
         "topology": {"name": topology, "n_nodes": int(n_nodes)},

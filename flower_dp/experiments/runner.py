@@ -239,7 +239,8 @@ def run_experiment(
     def header(prog: RunProgress) -> RunHeader:
         return RunHeader(name=cfg.run["name"], backend="inprocess", algorithm=cfg.algorithm["name"],
                          config=cfg.to_dict(), seed=cfg.run["seed"],
-                         noise=noise_record(plan.reproducible, device=info["device"]), released=released,
+                         noise=noise_record(plan.reproducible, device=info["device"], sampler=plan.noise_sampler),
+                         released=released,
                          plan_summary=plan_summary(plan, info["device"]),
                          num_iters_requested=int(cfg.run["num_iters"]), num_iters=K, info=info,
                          extras={"train_cpu_s": prog.train_cpu_s}, party=cfg.privacy["party"],

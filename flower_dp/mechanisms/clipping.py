@@ -31,7 +31,7 @@ from flower_dp._checks import check_int, check_positive
 from flower_dp.errors import NonFiniteError
 from flower_dp.mechanisms.flat import flatten_params, trainable_named_parameters, unflatten_tensors
 
-__all__ = ["ClipStats", "per_sample_clipped_grad_sum", "batch_gradient", "check_no_batchnorm"]
+__all__ = ["ClipStats", "per_sample_clipped_grad_sum", "batch_gradient", "check_no_batchnorm", "per_sample_clipped_grads"]
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -236,3 +236,39 @@ def batch_gradient(
         bad = int((~torch.isfinite(g)).sum())
         raise NonFiniteError(f"batch gradient is not finite in {bad} of {g.numel()} coordinates; got NaN/inf")
     return g.detach(), float(loss.detach())
+
+
+def per_sample_clipped_grads(
+    model: nn.Module, loss_fn: LossFn, x: torch.Tensor, y: torch.Tensor, clip: float, *,
+    params: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ClipStats]:
+    """The per-sample gradients, each clipped to L2 norm ``clip``, as rows of a (B, d) tensor (the exact-noise
+    release rounds each one: :mod:`flower_dp.mechanisms.exact_release`); the same vmap as
+    :func:`per_sample_clipped_grad_sum`, whose sum over rows it equals up to float summation order."""
+    check_no_batchnorm(model)
+    clip = check_positive("clip", clip, hint="clip is the per-sample L2 bound C")
+    pdict = _params_dict(model, params)
+    frozen = _frozen_dict(model)
+    names = list(pdict)
+    ref = next(iter(pdict.values()))
+    d = sum(v.numel() for v in pdict.values())
+    batch = int(x.shape[0])
+    if batch == 0:
+        return torch.zeros(0, d, dtype=ref.dtype, device=ref.device), ClipStats(0.0, 0.0, 0.0, 0, 0.0)
+
+    def one_loss(p: dict[str, torch.Tensor], xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, {**frozen, **p}, (xs.unsqueeze(0),))
+        return loss_fn(out, ys.unsqueeze(0))
+
+    grads, losses = vmap(grad_and_value(one_loss), in_dims=(None, 0, 0), randomness="different")(pdict, x, y)
+    flat = torch.cat([grads[n].reshape(batch, -1) for n in names], dim=1)
+    norms = flat.norm(dim=1)
+    if not bool(torch.isfinite(losses).all()) or not bool(torch.isfinite(norms).all()):
+        bad = int((~(torch.isfinite(losses) & torch.isfinite(norms))).sum())
+        raise NonFiniteError(f"per-sample loss or gradient is not finite for {bad} of {batch} samples; got NaN/inf "
+                             "-- lower the learning rate or check the inputs")
+    factor = torch.clamp(clip / norms.clamp_min(torch.finfo(norms.dtype).tiny), max=1.0)
+    flat.mul_(factor.unsqueeze(1))
+    stats = ClipStats(clip_fraction=float((norms > clip).double().mean()), mean_norm=float(norms.double().mean()),
+                      max_norm=float(norms.max()), batch_size=batch, mean_loss=float(losses.double().mean()))
+    return flat, stats

@@ -1,0 +1,107 @@
+"""The exact-noise switch (noise_sampler="exact") in the push-sum nodes: integers on the wire's source, charged
+with the discrete Gaussian's bound, recorded, and the float mode untouched."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from flower_dp.clients.registry import prepare
+from flower_dp.mechanisms.exact_release import inflation, round_conditional, rounding_bound
+from flower_dp.privacy.discrete_gaussian import exact_epsilon
+
+
+def _plan(sampler, **kw):
+    params = {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5, "calibration": "rigorous", **kw}
+    return prepare("dp2_sgd", params, n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58,
+                   seed=3, reproducible=True, noise_sampler=sampler)
+
+
+def test_rounding_bound_is_enforced_in_integers():
+    rng = np.random.default_rng(0)
+    d = 50
+    c = 16 * math.sqrt(d)
+    v = rng.normal(size=(200, d))
+    v *= (c / np.linalg.norm(v, axis=1))[:, None]
+    v[:5] *= 1.05  # float error beyond the clip: still bounded after rounding
+    ints, zeroed = round_conditional(v, rounding_bound(d), rng)
+    assert ints.dtype == np.int64
+    assert ((ints * ints).sum(1) <= rounding_bound(d)).all()
+    assert zeroed >= 5 and np.abs(ints[5:] - v[5:]).max() < 1
+    assert 1 < inflation(d) < 1.05 and 1 < inflation(100_000) < 1.002
+
+
+def test_exact_plan_has_the_float_plans_eps():
+    f, e = _plan("float"), _plan("exact")
+    assert e.noise_sampler == "exact" and f.noise_sampler == "float"
+    for i in range(2):
+        assert e.eps_rigorous[i] <= f.eps_rigorous[i] * (1 + 1e-9)
+        assert e.noise_multiplier[i][0] >= f.noise_multiplier[i][0]
+        assert exact_epsilon(e.exact_steps(i), e.delta_of(i)) == pytest.approx(e.eps_rigorous[i])
+    assert e.summary()["noise"]["sampler"] == "exact" and f.summary()["noise"]["sampler"] == "float"
+    assert e.summary()["noise"]["gaussian_sampler"] == "cks-discrete-chacha20"
+
+
+def _node(plan):
+    from flower_dp.clients.registry import ALGORITHMS
+    from flower_dp.topology import make_topology
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+    x = torch.randn(64, 4)
+    y = torch.randint(0, 4, (64,))
+    node_cls = ALGORITHMS[plan.algorithm][2]
+    return node_cls(plan, node_id=0, topology=make_topology("exp_one_peer", 2), model=model,
+                    loss_fn=torch.nn.functional.cross_entropy, data_x=x, data_y=y)
+
+
+def test_only_integers_reach_the_message_in_exact_mode():
+    plan = _plan("exact")
+    node = _node(plan)
+    x0 = node.x.clone()
+    shares = node.local_step(0)
+    m = node.last_release
+    assert m is not None and m.dtype == np.int64  # the release: integers
+    d = x0.numel()
+    gamma = float(plan.clip[0][0]) / (16 * math.sqrt(d))
+    g_noisy = torch.from_numpy(m.astype(np.float64) * (gamma / 8)).to(torch.float32)
+    # DP2-SGD sends x (its past releases' post-processing) and steps by the release after mixing: the step is a
+    # function of m only, no other float reaches what the node publishes
+    assert torch.equal(node.pending, 0.1 * g_noisy)
+    assert all(torch.equal(s.tensors["x"], x0 * node.topology.send_weights(0, 0)[s.receiver]) for s in shares)
+    rep = node.privacy_report()
+    assert rep["noise_sampler"] == "exact" and rep["steps_charged"] == 1
+    assert node.accountant.steps_charged == 0  # the float Gaussian accountant is not charged in exact mode
+    (q, z), = node._exact_ledger
+    assert q == pytest.approx(8 / 64) and z == pytest.approx(plan.noise_multiplier[0][0] / inflation(d), rel=1e-6)
+    state = node.state_dict()
+    fresh = _node(plan)
+    fresh.load_state_dict(state)
+    assert fresh.privacy_report()["eps_rigorous"] == rep["eps_rigorous"] > 0
+
+
+def test_float_mode_is_unchanged():
+    plan = _plan("float")
+    a, b = _node(plan), _node(plan)
+    shares = a.local_step(0)
+    # the float step by hand: grad_mean + release_gaussian, exactly as before the switch
+    idx = b.sample_poisson(0, 8)
+    g, _ = b.grad_mean(b.x, idx, 8, float(plan.clip[0][0]), 0)
+    noise, _ = b.release_gaussian(0, g.numel())
+    assert torch.equal(a.pending, 0.1 * (g + noise))
+    assert len(shares) >= 1
+    assert a.last_release is None
+
+
+def test_bad_noise_sampler():
+    with pytest.raises(ValueError, match="noise_sampler must be one of"):
+        _plan("secure")
+
+
+def test_exact_mode_is_refused_where_the_node_has_no_exact_release():
+    from flower_dp.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="noise_sampler='exact' covers"):
+        prepare("privsgp_vr", {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5},
+                n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58, seed=3, noise_sampler="exact")
