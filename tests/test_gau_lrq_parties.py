@@ -25,11 +25,14 @@ def test_results_carry_every_party_and_privacy_spent_answers_for_each(tmp_path):
     _start(s, num_rounds=2)
     doc = json.loads((tmp_path / "results.json").read_text())
     z = np.full(2, Z)
-    want = gau_lrq_eps_by_party(z, s.delta, B=B, N=N)
+    want = gau_lrq_eps_by_party(z, s.delta, B=B, N=N, per_client_keys=True)
     assert doc["party"] == doc["config"]["party"] == doc["privacy"]["party"] == "model_observer"
     assert doc["eps_by_party"] == json.loads(json.dumps(want))
     assert doc["eps_by_party"]["model_observer"]["eps"] == pytest.approx(doc["eps_rigorous"], rel=1e-12)
-    assert doc["eps_by_party"]["server"]["eps"] is None and doc["eps_by_party"]["client"]["eps"] is None
+    assert doc["eps_by_party"]["server"]["eps"] is None
+    # each client holds only its own key: another client is charged, above the model observer (it knows whether it
+    # was itself sampled, and then its own share of the noise)
+    assert doc["eps_by_party"]["client"]["eps"] > doc["eps_rigorous"]
     assert doc["eps_by_party"]["network_observer"]["eps"] > doc["eps_rigorous"]
     # the accountant label is the bound that gave eps_rigorous, and the party it is charged to
     bound = doc["eps_by_party"]["model_observer"]["bound"]
@@ -65,8 +68,10 @@ def test_unknown_or_uncalibratable_party_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"party must be one of \['client', 'model_observer', 'network_observer', "
                                          r"'server'\].*'out_neighbour'"):
         _gau(party="out_neighbour", num_rounds=2)
-    with pytest.raises(ValueError, match="per-client keys"):
-        _gau(party="client", num_rounds=2)
+    # each client holds only its own key, so another client can be calibrated to: its bound meets the target
+    s = _gau(clients_per_round=B, noise_multiplier=None, epsilon=40.0, num_rounds=2, party="client")
+    assert gau_lrq_party_epsilon("client", s.noise_multiplier, s.delta, B=B, N=N,
+                                 per_client_keys=True) == pytest.approx(40.0, rel=2e-3)
     with pytest.raises(ValueError, match="server"):
         _gau(party="server", num_rounds=2)
 

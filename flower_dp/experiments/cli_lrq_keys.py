@@ -20,9 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "lrq-keys",
         help="export Gau-LRQ client key files (one per client, mode 0600) from the server's master secret",
         description="Writes OUT/client-<i>.key (mode 0600) into OUT (mode 0700) for every client i < N, or for the "
-                    "--partition-id given; copy each file to its own SuperNode only and pass it with --node-config "
-                    "\"lrq-key-file='...'\".  Example: flower-dp lrq-keys --secret-file ~/.flower_dp/gau_lrq.secret "
-                    "--num-clients 100 --out keys/",
+                    "--partition-id given; copy each file to its own SuperNode only and name it in that "
+                    "SuperNode's node config: lrq-key-file='...'.  Example: flower-dp lrq-keys "
+                    "--secret-file ~/.flower_dp/gau_lrq.secret --num-clients 100 --out keys/",
     )
     p.add_argument("--secret-file", required=True, help="the master secret file GauLRQ(secret_file=...) uses")
     p.add_argument("--num-clients", type=int, required=True, help="N, the number of clients (partition ids 0..N-1)")
