@@ -41,8 +41,8 @@ run() {  # run PAPER TABLE SEEDS FOLDER [--runs PATTERNS]
   commit_folder "$R/$folder"
 }
 
-run partpsp noise-binds 5 partpsp-noise-binds
 run dp-csgp noise-binds 5 dp-csgp-noise-binds
+run partpsp noise-binds 5 partpsp-noise-binds
 run gau-lrq noise-binds 5 gau-lrq-noise-binds
 run privsgp-vr noise-binds 5 privsgp-vr-noise-binds
 run dyn-d2p noise-binds 5 dyn-d2p-noise-binds
