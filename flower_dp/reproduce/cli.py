@@ -88,7 +88,8 @@ def scoreboard(out: Path) -> list[str]:
                  "interval decides (a pass that could have failed, or a fail it proves); not discriminating: the "
                  "interval cannot tell; by construction: true by the calibration or by arithmetic (bits = payload "
                  "ratio), counted apart. Regime: the checks that the noise costs >= 0.05 against its noise-free twin "
-                 "(the setting, not a paper claim). Counted from each folder's claims.json.", "",
+                 "(the setting, not a paper claim). Counted from each folder's claims.json; the regimes and the plan: "
+                 "[noise-binds.md](noise-binds.md).", "",
                  "| paper | substantive passes | substantive fails | by construction | not discriminating | "
                  "regime checks passed | folders |", "|---|---|---|---|---|---|---|"]
     for paper, c in sorted(counts.items()):
