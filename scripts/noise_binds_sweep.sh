@@ -41,6 +41,8 @@ run() {  # run PAPER TABLE SEEDS FOLDER [--runs PATTERNS]
   commit_folder "$R/$folder"
 }
 
+# seed 0 of Gau-LRQ's private cell first: the pilot of its regime (the later full command reuses it)
+run gau-lrq noise-binds 1 gau-lrq-noise-binds --runs 'nb-Gau-LRQ-N960-s0'
 run dp-csgp noise-binds 5 dp-csgp-noise-binds
 run partpsp noise-binds 5 partpsp-noise-binds
 run gau-lrq noise-binds 5 gau-lrq-noise-binds
