@@ -190,7 +190,8 @@ def table(title: str, *, cells: Callable[[str], list[Cell]], tests: Callable[[st
             series: dict[str, list[tuple[float, list[float]]]] = {}
             for c in cells(scale):
                 vals = list(cell_values(records, c.key).values())
-                if vals and plot_x in c.labels:
+                eps = c.labels.get("eps")
+                if vals and plot_x in c.labels and isinstance(eps, (int, float)) and math.isfinite(eps):
                     series.setdefault(str(c.labels.get("algorithm")), []).append((float(c.labels[plot_x]), vals))
             for name, pts in series.items():
                 pts.sort()
