@@ -44,6 +44,8 @@ run() {  # run PAPER TABLE SEEDS FOLDER [--runs PATTERNS]
 # seed 0 of Gau-LRQ's private cell first: the pilot of its regime (the later full command reuses it)
 run gau-lrq noise-binds 1 gau-lrq-noise-binds --runs 'nb-Gau-LRQ-N960-s0'
 run dp-csgp noise-binds 5 dp-csgp-noise-binds
+# seed 0 of Dyn-D2P's cells (its clip-only twin resumes the pilot's checkpoint): the pilot of its regime, early
+run dyn-d2p noise-binds 1 dyn-d2p-noise-binds --runs 'nb-Dyn-D2P-*-s0'
 run partpsp noise-binds 5 partpsp-noise-binds
 run gau-lrq noise-binds 5 gau-lrq-noise-binds
 run privsgp-vr noise-binds 5 privsgp-vr-noise-binds
