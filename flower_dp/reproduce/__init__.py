@@ -382,7 +382,8 @@ def _finish(p: Paper, meta: dict[str, Any], records: list[dict[str, Any]], out_p
     meta["cpu_time_s"] = _finite_sum(r.get("cpu_time_s") for r in records)
     rio.write_json(out_path / "claims.json", {"meta": meta, "claims": [
         {"name": c.name, "passed": c.passed, "detail": c.detail, "discriminates": c.discriminates(),
-         "discrimination": c.discrimination()} for c in claims]})
+         "discrimination": c.discrimination(), **({"category": c.category} if hasattr(c, "category") else {})}
+        for c in claims]})
     report = _report_md(p, meta, records, claims, tables_md, plots)
     rio.atomic_write_bytes(out_path / "report.md", report.encode())
     for c in claims:
@@ -462,7 +463,15 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
     if (moved := reaccounted_line(records)) is not None:
         lines += [moved, ""]
     lines += tables_md
-    lines += ["", "## Claims", "",
+    tested = any(hasattr(c, "category") for c in claims)
+    lines += ["", "## Claims", ""]
+    if tested:  # claims decided by a test over the seeds (flower_dp.reproduce.stats)
+        lines += ["Each claim is a test over the seeds (the table's header says which); its last column names the "
+                  "category the index's scoreboard counts: substantive pass / fail (the interval decides), not "
+                  "discriminating (it cannot tell), by construction (true by the calibration or by arithmetic), "
+                  "regime (the noise-free twin's check of the setting), incomplete (too few seeds so far).", "",
+                  "| claim | verdict | our numbers | test |", "|---|---|---|---|"]
+    lines += [] if tested else [
               f"Discriminates? A claim comparing cells discriminates when the range of the cells' means exceeds "
               f"{DISCRIMINATION_FACTOR:g} x the largest seed std of a cell (the quantity the claim compares); one that "
               "holds while its cells are equal within that spread is \"holds, not discriminating\" (the index counts "

@@ -193,6 +193,12 @@ def _diag_table() -> Table:
                  findings=lambda records, scale: [mod().verdict(records, scale)])
 
 
+def _noise_binds_table() -> Table:
+    from .noise_binds import DP_CSGP_TABLE
+
+    return DP_CSGP_TABLE
+
+
 def _table(table: str, title: str) -> Table:
     return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
@@ -202,7 +208,7 @@ PAPER = paper_of_tables(
     title="DP-CSGP: differentially private compressed stochastic gradient push",
     tables={"fig1-2": _table("fig1-2", "Figs. 1-2, rand_a and gsgd_b vs DP2-SGD on the 2-layer net"),
             "fig3-4": _table("fig3-4", "Figs. 3-4, rand_a and gsgd_b vs DP2-SGD on ResNet-18 / CIFAR-10 (full scale)"),
-            "diag": _diag_table()},
+            "diag": _diag_table(), "noise-binds": _noise_binds_table()},
     default_table="fig1-2",
     default_seeds={"smoke": 1, "ci": 2, "full": 5},
 )

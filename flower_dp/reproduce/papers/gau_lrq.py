@@ -488,6 +488,12 @@ def _table(table: str, title: str) -> Table:
     return bound_table(title, table, build=build_runs, claims=check_claims, render=render, differences=differences)
 
 
+def _noise_binds_table() -> Table:
+    from .noise_binds import GAU_LRQ_TABLE
+
+    return GAU_LRQ_TABLE
+
+
 PAPER = paper_of_tables(
     name="gau-lrq",
     title="Gau-LRQ: Gaussian layered randomized quantization for federated learning",
@@ -501,7 +507,8 @@ PAPER = paper_of_tables(
             "fig5-cifar10": _table("fig5-cifar10", "Fig. 4/5, Gau-LRQ accuracy at eps 20 / 40 / 60 on CIFAR-10 "
                                                    "(full scale)"),
             "fig5-cifar100": _table("fig5-cifar100", "Fig. 4/5, Gau-LRQ accuracy at eps 30 / 50 / 70 on CIFAR-100 "
-                                                     "(full scale)")},
+                                                     "(full scale)"),
+            "noise-binds": _noise_binds_table()},
     default_table="table4",
     runners={"gau_lrq": run_one},
     # the estimate's probe: one round; a run costs its rounds in probes (every table samples the same B clients)

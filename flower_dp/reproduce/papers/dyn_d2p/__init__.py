@@ -18,6 +18,7 @@ from .fig1 import FIG1
 from .fig4 import FIG4_EPS, FIG4_INV
 from .fig5a import FIG5A_TOPOS
 from .fig5b import FIG5B_N
+from ..noise_binds import DYN_D2P_TABLE, DYN_KMAP_TABLE
 
 __all__ = ["PAPER", "ALGS", "PAPER_TABLES", "PAPER_EPS", "DELTA", "SETTINGS", "CLIP", "FIG1", "FIG4_INV", "FIG4_EPS",
            "FIG5A_TOPOS", "FIG5B_N"]
@@ -34,6 +35,8 @@ PAPER = paper_of_tables(
         "fig4": fig4.TABLE,
         "fig5a": fig5a.TABLE,
         "fig5b": fig5b.TABLE,
+        "noise-binds": DYN_D2P_TABLE,
+        "k-map": DYN_KMAP_TABLE,
     },
     default_table="table2",
     paper_scale=lambda table, spec: tables._paper_scale_keeps(table, spec),

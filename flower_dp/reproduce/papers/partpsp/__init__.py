@@ -22,6 +22,7 @@ from .fig4 import FIG4_CLIP, FIG4_DEG, FIG4_MODELS, FIG4_N, FIG4_ROUNDS, PAPER_F
 from .table2 import FIG2, FIG2_MODELS, FIG2_RESNET, FIG2_TOPOS, PAPER_T2
 from .table3 import PAPER_T3, PAPER_T3_DROP, T3_CONST, T3_CONST_RESNET, T3_MODELS, T3_TOPOS
 from .table4 import LINK_BPS, PAPER_T4, T4_ALGS, T4_TOPOS
+from ..noise_binds import PARTPSP_TABLE
 from .table4 import _shared_sizes, _t4_rows  # noqa: F401  (imported from here before the split; tests use them)
 
 __all__ = ["PAPER", "SETTINGS", "VARIANTS", "T2_MODELS", "T2_TOPOS", "PAPER_T2", "PAPER_T2_COLS", "PAPER_ROUNDS",
@@ -35,6 +36,6 @@ PAPER = paper_of_tables(
     title="DPPS / PartPSP: differentially private perturbed push-sum with partial sharing",
     tables={"table2": table2.TABLE, "fig2-diag": fig2_diag.TABLE, "table3": table3.TABLE, "table4": table4.TABLE,
             "fig3": fig3.TABLE, "fig4": fig4.TABLE, "table2-aligned": aligned.TABLE_ALIGNED,
-            "pattern-diag": aligned.TABLE_PATTERN},
+            "pattern-diag": aligned.TABLE_PATTERN, "noise-binds": PARTPSP_TABLE},
     default_table="table2",
 )

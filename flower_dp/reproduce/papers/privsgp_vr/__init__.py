@@ -23,6 +23,7 @@ from ._shared import (C2, DELTA, FIG2_CONST, K_RATIOS, K_RATIOS_EXTRA, MODEL, SE
 from .fig2 import FIG2, FIG2_K_RATIOS
 from .fig6 import SPEEDUP_N
 from .fig8 import TRADEOFF_EPS, TRADEOFF_K
+from ..noise_binds import PRIVSGP_VR_TABLE
 
 __all__ = ["PAPER", "C2", "DELTA", "MODEL", "SETTINGS", "K_RATIOS", "K_RATIOS_EXTRA", "FIG2", "FIG2_CONST",
            "FIG2_K_RATIOS", "SPEEDUP_N", "TRADEOFF_EPS", "TRADEOFF_K", "estimate_kstar_constants", "k_star",
@@ -32,7 +33,7 @@ PAPER = paper_of_tables(
     name="privsgp-vr",
     title="PrivSGP-VR: differentially private variance-reduced stochastic gradient push",
     tables={"headline": headline.HEADLINE, "fig10": headline.FIG10, "fig8": fig8.TABLE, "fig9-diag": fig9_diag.TABLE, "fig6": fig6.TABLE,
-            "fig2": fig2.TABLE, **cifar.TABLES},
+            "fig2": fig2.TABLE, **cifar.TABLES, "noise-binds": PRIVSGP_VR_TABLE},
     default_table="headline",
     default_seeds={"smoke": 1, "ci": 2, "full": 3},
 )
