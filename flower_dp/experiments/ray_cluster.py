@@ -26,7 +26,6 @@ the checkpoint of the last segment, and ``resume=True`` continues on the nodes t
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -82,20 +81,6 @@ def ray_settings(run: dict[str, Any], ray_address: str | None = None) -> dict[st
 def _private_dir(prefix: str) -> Path:
     """A new 0700 folder under /tmp (short: Ray's socket paths are length-limited)."""
     return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp" if os.path.isdir("/tmp") else None))
-
-
-#: Ray's token authentication: the mode and the file holding the token (Ray >= 2.52)
-_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")
-
-
-def ray_auth_env(folder: Path) -> dict[str, str]:
-    """The environment that turns on Ray's token authentication with a fresh token in ``folder/ray_token`` (0600):
-    a Ray started with it accepts only clients holding the token."""
-    token = Path(folder) / "ray_token"
-    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
 
 
 @contextmanager

@@ -51,6 +51,8 @@ class RunResult:
     out_dir: Path | None
     wall_time_s: float
     nodes: list[Any] = field(default_factory=list, repr=False)
+    #: the plan every node was built from (:class:`flower_dp.clients.base.Plan`; None for a plan-less algorithm)
+    plan: Any = field(default=None, repr=False)
 
     @property
     def eps_rigorous_max(self) -> float | None:
@@ -272,6 +274,7 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
     segments = SegmentPlan(n_nodes=n_nodes, num_iters=K, iters_per_segment=int(cfg.run["eval_every"]),
                            num_iters_requested=int(cfg.run["num_iters"]),
                            replay_plan=plan if all(hasattr(n, "plan") for n in probe) else None)
+    replay_plan_ok = segments.replay_plan is not None
     del probe
 
     def node_params() -> list[torch.Tensor]:
@@ -328,4 +331,5 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
         out_dir=recorder.out_dir,
         wall_time_s=time.perf_counter() - t0,
         nodes=list(nodes),
+        plan=plan if replay_plan_ok else None,
     )
