@@ -35,12 +35,29 @@ pytestmark = pytest.mark.flower
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def _raylet(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+#: ``ray start`` for a second raylet on this machine's loopback.  Ray keeps a node on 127.0.0.1 only in its
+#: macOS/Windows mode (flower_dp._ray_local), where ``ray start --address`` refuses to add a node; this lifts that
+#: one refusal and keeps the given --node-ip-address, nothing else (on separate machines a plain ``ray start
+#: --address=HEAD:PORT`` is what a user runs)
+_LOOPBACK_WORKER = """
+import sys
+import ray._private.ray_constants as constants
+import ray._private.services as services
+constants.ENABLE_RAY_CLUSTER = True
+services.resolve_ip_for_localhost = lambda host: host
+from ray.scripts.scripts import main
+sys.argv = ["ray", *sys.argv[1:]]
+main()
+"""
+
+
+def _raylet(args: list[str], env: dict[str, str], *, head: bool) -> subprocess.Popen:
     ports = [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
              f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
-    return subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                             "--include-dashboard=false", "--disable-usage-stats", *ports, *args],
+    cmd = [RAY] if head else [sys.executable, "-c", _LOOPBACK_WORKER]
+    return subprocess.Popen([*cmd, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+                             "--disable-usage-stats", *ports, *args],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -64,7 +81,7 @@ def cluster():
     procs: list[subprocess.Popen] = []
     try:
         procs.append(_raylet(["--head", f"--port={port}", f"--ray-client-server-port={free_port()}",
-                              f"--temp-dir={temp}"], env))
+                              "--include-dashboard=false", f"--temp-dir={temp}"], env, head=True))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # the GCS port answers once the head is up
             try:
@@ -74,7 +91,7 @@ def cluster():
                     break
             except OSError:
                 time.sleep(0.5)
-        procs.append(_raylet([f"--address={address}"], env))
+        procs.append(_raylet([f"--address={address}"], env, head=False))
         deadline = time.monotonic() + 120
         while _alive_nodes(address, env) < 2:
             assert time.monotonic() < deadline, "the second raylet did not join within 120 s"
