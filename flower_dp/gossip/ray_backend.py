@@ -320,9 +320,9 @@ class RayGossipBackend:
         def where(h: int) -> dict[str, Any]:
             if self.placement_group is None:
                 return {}
-            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+            from ray.util import scheduling_strategies as ss
 
-            return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            return {"scheduling_strategy": ss.PlacementGroupSchedulingStrategy(
                 placement_group=self.placement_group, placement_group_bundle_index=h)}
 
         self.hosts = [
