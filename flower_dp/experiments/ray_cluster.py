@@ -138,9 +138,10 @@ def _init(address: str, kw: dict[str, Any]) -> None:
     except Exception as exc:  # noqa: BLE001 - re-raised, named
         text = str(exc)
         if "version" in text.lower() and "mismatch" in text.lower():
+            flat = " ".join(text.split())[:600]
             raise RuntimeError(
                 f"the Ray cluster at {address!r} runs another Ray or Python version than this process (Ray "
-                f"{ray.__version__}, Python {sys.version.split()[0]}): {text.strip()[:600]}; fix: install the "
+                f"{ray.__version__}, Python {sys.version.split()[0]}): {flat}; fix: install the "
                 "cluster's Ray version here (pip install 'ray==<its version>') or start the cluster with this one"
             ) from exc
         raise
