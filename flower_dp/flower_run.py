@@ -177,8 +177,8 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
              ray_address: str | None = None) -> FlwrRun:
     """``flwr run APP --stream`` against a SuperLink (``--simulation``) and a Ray head of its own; both stopped after.
 
-    ``ray_address`` (``"HEAD:PORT"`` of a running Ray cluster): the simulation joins that cluster instead (``RAY_ADDRESS``;
-    no head is started here and the cluster is left running).  A head of its own runs with Ray's token
+    ``ray_address`` (``"HEAD:PORT"`` of a running Ray cluster): the simulation joins that cluster instead
+    (``RAY_ADDRESS``; no head is started here and the cluster is left running).  A head of its own runs with Ray's token
     authentication (:func:`ray_token_env`, the token in ``work_dir``) and a private temporary folder.
 
     ``work_dir`` receives ``flwr_home/`` (Flower's home: the connection, the installed FAB, the SuperLink log).

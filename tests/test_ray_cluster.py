@@ -158,6 +158,27 @@ def test_train_private_on_the_cluster_equals_inprocess(cluster, tmp_path):
     assert len({h["ray_node_id"] for h in _doc(tmp_path / "r")["ray"]["hosts"]}) == 2
 
 
+def test_the_flower_route_joins_the_cluster_instead_of_starting_a_head(cluster, tmp_path):
+    """train_private(backend="flower", ray_address=...): the Flower simulation runs on the given cluster (no head
+    of its own) and ends with the in-process numbers; the cluster stays up."""
+    import torch
+
+    from flower_dp import train_private
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 20, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    kw = {"n_nodes": 2, "num_iters": 4, "eval_every": 2, "target_epsilon": 3.0, "batch_size": 16, "seed": 3,
+          "reproducible": True}
+    run = train_private(_model, (x[:240], y[:240]), (x[240:], y[240:]), backend="flower", num_hosts=2,
+                        ray_address=cluster["address"], out_dir=tmp_path / "f", **kw)
+    ref = train_private(_model, (x[:240], y[:240]), (x[240:], y[240:]), **kw)
+    assert run.status == "finished" and run.backend == "flower"
+    assert [r["acc_avg"] for r in run.history] == [r["acc_avg"] for r in ref.history]
+    assert [r["test_loss_avg"] for r in run.history] == [r["test_loss_avg"] for r in ref.history]
+    assert _alive_nodes(cluster["address"], cluster["env"]) == 2
+
+
 def test_reproduce_on_the_cluster_equals_inprocess(cluster, tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run = ["reproduce", "dp-csgp", "--scale", "smoke", "--seeds", "1", "--reproducible", "--no-estimate",

@@ -13,7 +13,8 @@ Where the hosts run: :func:`ray_connection` joins the cluster at ``ray_address``
 starts a Ray of its own on 127.0.0.1 (no dashboard) in a private 0700 temporary folder (its sockets, session files
 and logs readable by this user alone), stopped and removed at the end.  Its TCP ports on 127.0.0.1 stay open to
 the other users of this machine while the run lasts: Ray's token authentication (``RAY_AUTH_MODE=token``) is read
-once per process, before this process could turn it on, so it cannot be switched on for a Ray started in-process.  The hosts are spread over the cluster's nodes by a placement group
+once per process, before this process could turn it on, so it cannot be switched on for a Ray started in-process.
+The hosts are spread over the cluster's nodes by a placement group
 (one bundle per host: ``ray_placement`` ``"SPREAD"`` by default, ``"STRICT_SPREAD"`` for one host per node), each
 host pinned to ``ray_num_gpus_per_host`` GPUs; by default there is one host per CPU (or per GPU share) of the
 cluster.  ``results.json`` records where each host ran (``"ray"``: Ray node id, GPU ids, its push-sum nodes).
@@ -101,7 +102,8 @@ def ray_connection(address: str | None) -> Iterator[dict[str, Any]]:
         yield {"address": ray.get_runtime_context().gcs_address, "own": False}
         return
     addr = address or os.environ.get("RAY_ADDRESS") or None
-    pythonpath = os.pathsep.join([p for p in sys.path if p] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))
+    inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    pythonpath = os.pathsep.join([p for p in sys.path if p] + inherited)
     kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                           "runtime_env": {"env_vars": {"PYTHONPATH": pythonpath}}}
     saved = {"PYTHONPATH": os.environ.get("PYTHONPATH")}

@@ -1,4 +1,5 @@
-"""``flower-dp reproduce PAPER|all [--table N] [--scale smoke|ci|full] [--backend inprocess|ray|flower] [--ray-address HEAD:PORT] [--out DIR]``."""
+"""``flower-dp reproduce PAPER|all [--table N] [--scale smoke|ci|full] [--backend inprocess|ray|flower]
+[--ray-address HEAD:PORT] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -112,7 +113,8 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
                         seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs, device=args.device,
-                        ray_address=args.ray_address, estimate="only" if args.estimate else (False if args.no_estimate else None),
+                        ray_address=args.ray_address,
+                        estimate="only" if args.estimate else (False if args.no_estimate else None),
                         runs=args.runs.split(",") if args.runs is not None else None)
         reps = [rep] if rep is not None else []
     for rep in reps:
