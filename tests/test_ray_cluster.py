@@ -51,14 +51,14 @@ main()
 """
 
 
-def _raylet(args: list[str], env: dict[str, str], *, head: bool) -> subprocess.Popen:
+def _raylet(args: list[str], env: dict[str, str], *, head: bool, log: Path) -> subprocess.Popen:
     ports = [f"--node-manager-port={free_port()}", f"--object-manager-port={free_port()}",
              f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
              f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"]
     cmd = [RAY] if head else [sys.executable, "-c", _LOOPBACK_WORKER]
     return subprocess.Popen([*cmd, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
                              "--disable-usage-stats", *ports, *args],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _alive_nodes(address: str, env: dict[str, str]) -> int:
@@ -81,7 +81,8 @@ def cluster():
     procs: list[subprocess.Popen] = []
     try:
         procs.append(_raylet(["--head", f"--port={port}", f"--ray-client-server-port={free_port()}",
-                              "--include-dashboard=false", f"--temp-dir={temp}"], env, head=True))
+                              "--include-dashboard=false", f"--temp-dir={temp}"], env, head=True,
+                             log=Path(temp) / "head.log"))
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:  # the GCS port answers once the head is up
             try:
@@ -91,12 +92,20 @@ def cluster():
                     break
             except OSError:
                 time.sleep(0.5)
-        procs.append(_raylet([f"--address={address}"], env, head=False))
-        deadline = time.monotonic() + 300  # a loaded 2-core machine: 30 s idle, minutes when busy
-        while _alive_nodes(address, env) < 2:
-            assert time.monotonic() < deadline, "the second raylet did not join within 300 s"
+        for attempt in range(3):  # on a loaded machine a raylet may time out registering (Ray gives it 45 s)
+            worker = _raylet([f"--address={address}"], env, head=False, log=Path(temp) / f"worker{attempt}.log")
+            procs.append(worker)
+            deadline = time.monotonic() + 300
+            while worker.poll() is None and time.monotonic() < deadline and _alive_nodes(address, env) < 2:
+                time.sleep(1)
+            if worker.poll() is None and _alive_nodes(address, env) == 2:
+                break
+            kill_group(worker)
+        else:
+            raise AssertionError("the second raylet did not join in 3 attempts; its output:\n"
+                                 + (Path(temp) / "worker2.log").read_text()[-3000:])
             time.sleep(1)
-        yield {"address": address, "head": procs[0], "worker": procs[1], "env": env}
+        yield {"address": address, "head": procs[0], "worker": procs[-1], "env": env}
     finally:
         for proc in reversed(procs):
             kill_group(proc)
