@@ -195,14 +195,15 @@ class RaySegments:
 
     # -- SegmentBackend ------------------------------------------------------------------
     def start(self, k: int, restore) -> None:
-        from ..gossip.ray_backend import RayGossipBackend
+        from ..gossip.ray_backend import RayGossipBackend, host_actor_name
 
         device = None if self.device in ("auto", "cuda") else self.device
         self.backend = RayGossipBackend(
             self.n_nodes, num_hosts=self.num_hosts, num_gpus_per_host=self.num_gpus_per_host, num_cpus_per_host=1.0,
             device=device, timeout_s=self.timeout_s, placement=self.placement)
         self.backend.register_all(self.factory)
-        self.hosts = self.backend.host_info()
+        self.hosts = [dict(h, actor_name=host_actor_name(self.backend.name, h["host"]))
+                      for h in self.backend.host_info()]
         on = len({h["ray_node_id"] for h in self.hosts})
         self.log(f"flower-dp: ray: {self.backend.num_hosts} hosts on {on} Ray node(s) ({self.placement}), "
                  f"{self.n_nodes} push-sum nodes, devices {sorted(set(self.backend.devices))}")
@@ -228,13 +229,32 @@ class RaySegments:
         return SegmentResult(seg.k0, seg.k1, seg.bits_sent, wall_time_s=seg.wall_time_s, means=means)
 
     def network_average(self) -> Any:
-        return self.backend.network_average()
+        return self._asking(self.backend.network_average)
 
     def privacy_reports(self) -> dict[int, dict[str, Any]]:
-        return {int(i): dict(r) for i, r in self.backend.privacy_reports().items()}
+        return {int(i): dict(r) for i, r in self._asking(self.backend.privacy_reports).items()}
 
     def state_dicts(self) -> dict[int, Any]:
-        return self.backend.state_dicts()
+        return self._asking(self.backend.state_dicts)
+
+    def _asking(self, fn: Any) -> Any:
+        """``fn()`` (a question to every host between segments); a host found dead is a
+        :class:`~flower_dp.gossip.NodeFailureError` naming it, as in a segment."""
+        import ray
+
+        from ..gossip.ray_backend import NodeFailureError
+
+        try:
+            return fn()
+        except ray.exceptions.RayActorError as exc:
+            text = str(exc)
+            lost = [h for h in self.hosts if str(h.get("actor_name", "\0")) in text or h["ray_node_id"] in text]
+            where = lost[0] if lost else {"host": -1, "ray_node_id": "?", "nodes": []}
+            raise NodeFailureError(
+                f"host {where['host']} on Ray node {where['ray_node_id']} (push-sum nodes {where['nodes']}) was lost "
+                "after its segment; the run stopped with its last checkpoint; resume it (`flower-dp run CONFIG "
+                "--resume DIR --backend ray`, or resume=True) to continue on the Ray nodes that remain",
+                host=where["host"], nodes=where["nodes"], k0=-1, k1=-1) from exc
 
     def shutdown(self) -> None:
         if self.backend is not None:
