@@ -11,6 +11,13 @@ Everything it starts runs in a process group of its own and is killed afterwards
 stopped with SIGTERM (:func:`sigterm_raises`): ``ray stop`` would stop every other Ray instance on the machine.
 What the ServerApp computes comes back through files it writes (e.g. an ``out-dir`` in the run configuration);
 :class:`FlwrRun` carries the output of ``flwr run`` and the SuperLink's log for error messages.
+
+Who else on this machine can reach a run while it lasts: the Ray head started here runs with Ray's token
+authentication (a random token in the caller's private work folder) and a private 0700 temporary folder, so other
+local users can neither join it nor reach its sockets.  The SuperLink listens on 127.0.0.1 with ``--insecure``:
+Flower closes its APIs only with TLS certificates and account authentication, so any local user who finds the port
+can talk to it (e.g. ``flwr ls`` / ``flwr run`` against it) while the run lasts; nothing reaches it from another
+machine.  Its state is in memory and its home (``FLWR_HOME``) in the caller's work folder.
 """
 
 from __future__ import annotations
@@ -26,13 +33,13 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
 __all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "ray_head",
-           "run_app", "sigterm_raises", "write_app"]
+           "ray_token_env", "run_app", "sigterm_raises", "write_app"]
 
 ConfigValue = bool | int | float | str
 
@@ -125,16 +132,31 @@ def _wait_for_port(port: int, proc: subprocess.Popen, why_it_died, wait_s: float
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {wait_s:.0f} s:\n{why_it_died()}")
 
 
+def ray_token_env(folder: str | Path) -> dict[str, str]:
+    """The environment that turns on Ray's token authentication (Ray >= 2.52) with a fresh random token written to
+    ``folder/ray_token`` (0600): a Ray head started with it, and every process given it, accept only clients that
+    hold the token.  Ray reads the setting once per process, so it must be in a process's environment when it
+    starts (the head, the SuperLink and its simulation here), not set later."""
+    import secrets
+
+    token = Path(folder) / "ray_token"
+    fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
 @contextmanager
 def ray_head(env: Mapping[str, str] | None = None, num_cpus: int | None = None) -> Iterator[str]:
     """Yield the address ``127.0.0.1:PORT`` of a Ray head of its own (no dashboard, loopback), stopped (its process
-    group killed) on exit.  ``env``: the environment of the head and so of every Ray worker it starts; ``num_cpus``:
-    its CPUs (default all of this machine's; its GPUs are Ray's own count)."""
+    group killed) on exit.  ``env``: the environment of the head and so of every Ray worker it starts (with
+    :func:`ray_token_env` in it, the head accepts only clients holding the token); ``num_cpus``: its CPUs (default
+    all of this machine's; its GPUs are Ray's own count).  Its temporary folder is private (0700) and removed."""
     bin_dir = Path(sys.executable).parent
     port = free_port()
     env = dict(os.environ if env is None else env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
     env.pop("RAY_ADDRESS", None)
-    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # short: Ray's socket paths are length-limited
+    ray_temp = tempfile.mkdtemp(prefix="rf", dir="/tmp")  # 0700; short: Ray's socket paths are length-limited
     head = subprocess.Popen(
         [str(bin_dir / "ray"), "start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
          "--include-dashboard=false", f"--num-cpus={num_cpus or os.cpu_count() or 1}", f"--temp-dir={ray_temp}",
@@ -151,8 +173,13 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int | None = None) 
 
 def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, run_config: str = "",
              timeout_s: float | None = 600, runtime_install: bool = False, pythonpath: Sequence[str | Path] = (),
-             env: Mapping[str, str] | None = None, num_cpus: int | None = None) -> FlwrRun:
+             env: Mapping[str, str] | None = None, num_cpus: int | None = None,
+             ray_address: str | None = None) -> FlwrRun:
     """``flwr run APP --stream`` against a SuperLink (``--simulation``) and a Ray head of its own; both stopped after.
+
+    ``ray_address`` (``"HEAD:PORT"`` of a running Ray cluster): the simulation joins that cluster instead
+    (``RAY_ADDRESS``; no head is started here and the cluster is left running).  A head of its own runs with Ray's token
+    authentication (:func:`ray_token_env`, the token in ``work_dir``) and a private temporary folder.
 
     ``work_dir`` receives ``flwr_home/`` (Flower's home: the connection, the installed FAB, the SuperLink log).
     ``federation_config``: e.g. ``"num-supernodes=8"``; ``run_config``: ``--run-config`` overrides (may be empty).
@@ -180,8 +207,16 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
     def link_tail() -> str:
         return link_log.read_text(errors="replace")[-3000:] if link_log.is_file() else ""
 
-    with ray_head(env, num_cpus=num_cpus) as ray_address:
-        env["RAY_ADDRESS"] = ray_address
+    if ray_address:
+        from .gossip.ray_backend import check_ray_address
+
+        check_ray_address(ray_address)
+        head: Any = nullcontext(ray_address)
+    else:
+        env.update(ray_token_env(work_dir))
+        head = ray_head(env, num_cpus=num_cpus)
+    with head as address:
+        env["RAY_ADDRESS"] = address
         with open(link_log, "w") as log:
             link = subprocess.Popen(
                 [str(bin_dir / "flower-superlink"), "--insecure", "--simulation", "--host", "127.0.0.1",
@@ -293,18 +328,19 @@ clientapp = "flower_dp_run_app:client_app"
 def run_app(server_app: str, client_app: str, *, num_supernodes: int, work_dir: str | Path,
             run_config: Mapping[str, ConfigValue] | None = None, timeout_s: float | None = 600,
             pythonpath: Sequence[str | Path] = (), client_num_cpus: int = 1, client_num_gpus: float = 0.0,
-            num_cpus: int | None = None) -> FlwrRun:
+            num_cpus: int | None = None, ray_address: str | None = None) -> FlwrRun:
     """Run a ServerApp and a ClientApp, each named ``"package.module:attribute"``, on ``num_supernodes`` simulated
     SuperNodes with ``flwr run`` (Flower's replacement for ``run_simulation``); the app is written to
     ``work_dir/app``.  ``pythonpath``: folders the two apps' modules are imported from when they are not installed.
-    ``num_cpus``: the CPUs of the Ray head the simulation runs on (default all of this machine's)."""
+    ``num_cpus``: the CPUs of the Ray head the simulation runs on (default all of this machine's); ``ray_address``:
+    run the simulation on that running Ray cluster instead of a head of its own (:func:`flwr_run`)."""
     if int(num_supernodes) < 1:
         raise ValueError(f"num_supernodes = {num_supernodes!r}: a simulation needs at least 1 SuperNode")
     app = write_app(Path(work_dir) / "app", server_app, client_app, run_config)
     federation = (f"num-supernodes={int(num_supernodes)} client-resources-num-cpus={int(client_num_cpus)} "
                   f"client-resources-num-gpus={float(client_num_gpus)}")
     return flwr_run(app, work_dir, federation_config=federation, timeout_s=timeout_s, pythonpath=pythonpath,
-                    num_cpus=num_cpus)
+                    num_cpus=num_cpus, ray_address=ray_address)
 
 
 def client_app_from_config(build: Callable[[Mapping[str, Any]], Any],

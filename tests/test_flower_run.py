@@ -63,3 +63,72 @@ def test_a_server_error_comes_back_in_the_output(tmp_path):
     assert run.status == "finished:failed" and not run.completed, run.tail()
     assert "failing on purpose: xyzzy-42" in run.status_details and run.tail().startswith("flwr run status: finished:failed")
     print(f"flwr run of a failing ServerApp: {run.wall_s:.1f} s")
+
+
+@pytest.mark.parametrize("way_out", [None, RuntimeError("flwr run failed"), TimeoutError("ran past timeout_s"),
+                                     KeyboardInterrupt()])
+def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out):
+    """run_flower_experiment writes the caller's own tensors (sources.pkl) into a private folder: gone afterwards,
+    whether flwr run finished, failed, timed out or was interrupted."""
+    import tempfile
+
+    import torch
+
+    import flower_dp.experiments.flower_backend as fb
+    from flower_dp import sources
+    from flower_dp.experiments import config_from_dict
+
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*a, **kw):
+        made.append(Path(real_mkdtemp(*a, **kw)))
+        return str(made[-1])
+
+    def fake_run_app(*a, work_dir, run_config, **kw):
+        assert (Path(work_dir) / "sources.pkl").is_file() and oct(Path(work_dir).stat().st_mode)[-3:] == "700"
+        if way_out is not None:
+            raise way_out
+        (Path(run_config["out-dir"]) / "results.json").write_text('{"status": "finished"}')
+        return None
+
+    key = sources.register(sources.PREFIX + "workdir-test", sources.OwnSource(
+        lambda: torch.nn.Linear(2, 2), (torch.zeros(8, 2), torch.zeros(8, dtype=torch.long)),
+        (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)), 2))
+    monkeypatch.setattr(fb.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(fb, "run_app", fake_run_app)
+    cfg = config_from_dict({"run": {"name": "w"}, "data": {"dataset": key}, "model": {"name": key},
+                            "topology": {"n_nodes": 2}})
+    if way_out is None:
+        assert fb.run_flower_experiment(cfg, out_dir=tmp_path / "out")["status"] == "finished"
+    else:
+        with pytest.raises(type(way_out)):
+            fb.run_flower_experiment(cfg, out_dir=tmp_path / "out")
+    assert len(made) == 1 and not made[0].exists()
+
+
+@pytest.mark.flower
+def test_the_runs_own_ray_head_refuses_clients_without_its_token(tmp_path):
+    """The Ray head flwr_run starts for a run (Ray's token authentication, the token in the caller's private
+    folder): a process of another user, which lacks the token, cannot join it; one given the token can."""
+    import os
+    import subprocess
+    import sys
+
+    from flower_dp.flower_run import ray_head, ray_token_env
+
+    folder = tmp_path / "work"
+    folder.mkdir(mode=0o700)
+    auth = ray_token_env(folder)
+    assert oct(Path(auth["RAY_AUTH_TOKEN_PATH"]).stat().st_mode)[-3:] == "600"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH") and k != "RAY_ADDRESS"}
+
+    def join(address: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print('JOINED')"
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+
+    with ray_head({**base, **auth}, num_cpus=1) as address:
+        outsider = join(address, base)
+        assert "JOINED" not in outsider.stdout
+        assert "AuthenticationError" in outsider.stderr or "token" in outsider.stderr.lower(), outsider.stderr[-2000:]
+        assert "JOINED" in join(address, {**base, **auth}).stdout

@@ -143,11 +143,16 @@ def test_stop_and_resume_ends_with_the_uninterrupted_numbers(tmp_path, monkeypat
 
 
 @pytest.mark.flower
-def test_ray_backend_gives_the_inprocess_numbers(tmp_path):
+@pytest.mark.parametrize("backend", ["ray", "flower"])
+def test_ray_and_flower_backends_give_the_inprocess_numbers(tmp_path, backend):
+    """backend="ray": the host actors under this process's run engine; "flower": a Flower simulation whose own Ray
+    head runs with token authentication (its simulation must still join it)."""
     torch.set_num_threads(1)
     ref = _small(target_epsilon=2.0, reproducible=True)
-    ray = _small(target_epsilon=2.0, reproducible=True, backend="ray", num_hosts=1, out_dir=tmp_path)
-    assert ray.status == "finished" and [h["k"] for h in ray.history] == [4, 8]
+    ray = _small(target_epsilon=2.0, reproducible=True, backend=backend, num_hosts=1, out_dir=tmp_path)
+    assert ray.status == "finished" and [h["k"] for h in ray.history] == [4, 8] and ray.backend == backend
+    if backend == "ray":
+        assert ray.history == ref.history and ray.plan is not None
     for mine, theirs in zip(ray.history, ref.history):
         assert mine["acc_avg"] == theirs["acc_avg"] and mine["test_loss_avg"] == theirs["test_loss_avg"]
     assert ray.privacy_spent().epsilon == ref.privacy_spent().epsilon

@@ -97,7 +97,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if out is not None and out != args.resume:
             raise ValueError(f"--resume {args.resume!r} and --out {out!r} name different folders; give one of them")
         out = args.resume
-    res = run_experiment(cfg, out_dir=out, resume=resume)
+    res = run_experiment(cfg, out_dir=out, resume=resume, backend=args.backend, ray_address=args.ray_address)
     _report(res)
     return 0
 
@@ -119,7 +119,8 @@ def _cmd_quickstart(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run an experiment config in-process", description="Run a TOML experiment config.")
+    p = sub.add_parser("run", help="run an experiment config (in process or on a Ray cluster)",
+                       description="Run a TOML experiment config.")
     p.add_argument("config", help="path of a .toml config, or the name of a built-in one (e.g. quickstart)")
     p.add_argument("--out", default=None, help="results folder (default: run.out_dir of the config)")
     p.add_argument("--resume", nargs="?", const=True, default=False, metavar="DIR",
@@ -127,6 +128,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE", help="override a config value")
     p.add_argument("--reproducible", action="store_true", help=REPRODUCIBLE_HELP)
     p.add_argument("--party", default=None, help=PARTY_HELP)
+    p.add_argument("--backend", choices=["inprocess", "ray"], default=None,
+                   help="where the nodes run: in this process, or on Ray host actors spread over a Ray cluster "
+                        "(default: the config's run.backend, inprocess)")
+    p.add_argument("--ray-address", default=None, metavar="HEAD:PORT|auto",
+                   help="with --backend ray: join this running Ray cluster (never started or stopped here); default "
+                        "the config's run.ray_address, else RAY_ADDRESS, else a local Ray on 127.0.0.1 for this run")
     p.set_defaults(func=_cmd_run)
 
     q = sub.add_parser(

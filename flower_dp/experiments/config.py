@@ -10,7 +10,11 @@ A config has six tables::
                  prefetch_noise (default false: true draws each CPU node's next Gaussian noise on a
                  background thread while it computes; the same numbers, faster with a free core),
                  noise_sampler ("float" default | "exact": integers on a grid plus the exact discrete
-                 Gaussian from a ChaCha20 keystream, see docs/privacy.md "Floating point")
+                 Gaussian from a ChaCha20 keystream, see docs/privacy.md "Floating point"),
+                 backend ("inprocess" | "ray": the nodes on Ray host actors, flower_dp.experiments.ray_cluster),
+                 ray_address ("HEAD:PORT" or "auto" of a running cluster; default none: a local Ray),
+                 ray_num_hosts (host actors; default one per CPU, or GPU share, of the cluster),
+                 ray_num_gpus_per_host (default 0), ray_placement ("SPREAD" | "STRICT_SPREAD")
     [data]       dataset, root, partition, alpha, samples_per_node, test_samples, scaling ("standard" | "unit")
     [model]      name (+ keyword arguments of ``flower_dp.models.build_model``)
     [topology]   name (+ keyword arguments of ``flower_dp.topology.make_topology``), n_nodes
@@ -32,7 +36,16 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["ExperimentConfig", "load_config", "config_from_dict", "SECTIONS"]
+__all__ = ["ExperimentConfig", "load_config", "config_from_dict", "SECTIONS", "PLACE_KEYS", "placeless"]
+
+#: ``[run]`` keys that say where and how the nodes run, not what they compute: a run's identity leaves them out
+#: (a run checkpointed in process may resume on Ray and the reverse; its numbers are the same)
+PLACE_KEYS = ("backend", "ray_address", "ray_num_hosts", "ray_num_gpus_per_host", "ray_placement")
+
+
+def placeless(config: dict[str, Any]) -> dict[str, Any]:
+    """A config dict without its :data:`PLACE_KEYS`."""
+    return {**config, "run": {k: v for k, v in config.get("run", {}).items() if k not in PLACE_KEYS}}
 
 #: Allowed keys per section with their defaults (None = required or "use the library default").
 SECTIONS: dict[str, dict[str, Any]] = {
@@ -50,6 +63,11 @@ SECTIONS: dict[str, dict[str, Any]] = {
         "reproducible": False,
         "prefetch_noise": False,
         "noise_sampler": "float",
+        "backend": "inprocess",
+        "ray_address": None,
+        "ray_num_hosts": None,
+        "ray_num_gpus_per_host": 0.0,
+        "ray_placement": "SPREAD",
     },
     "data": {
         "dataset": "fashion_mnist",
@@ -143,6 +161,18 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
             problems.append(f"run.{key} must be true or false, got {run[key]!r}")
     if run["noise_sampler"] not in ("float", "exact"):
         problems.append(f"run.noise_sampler must be 'float' or 'exact', got {run['noise_sampler']!r}")
+    if run["backend"] not in ("inprocess", "ray"):
+        problems.append(f"run.backend must be 'inprocess' or 'ray', got {run['backend']!r} (the Flower simulation "
+                        "is `flower-dp reproduce --backend flower` / train_private(backend='flower'))")
+    if run["ray_address"] is not None and (not isinstance(run["ray_address"], str) or not run["ray_address"]):
+        problems.append(f"run.ray_address must be 'HEAD:PORT' or 'auto', got {run['ray_address']!r}")
+    if run["ray_num_hosts"] is not None:
+        _check_int(problems, "run.ray_num_hosts", run["ray_num_hosts"], 1)
+    g = run["ray_num_gpus_per_host"]
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not g >= 0:
+        problems.append(f"run.ray_num_gpus_per_host must be a number >= 0, got {g!r}")
+    if run["ray_placement"] not in ("SPREAD", "STRICT_SPREAD"):
+        problems.append(f"run.ray_placement must be 'SPREAD' or 'STRICT_SPREAD', got {run['ray_placement']!r}")
     _check_int(problems, "topology.n_nodes", topo["n_nodes"], 1)
     if data["scaling"] not in ("standard", "unit"):
         problems.append(f"data.scaling must be 'standard' or 'unit', got {data['scaling']!r}")

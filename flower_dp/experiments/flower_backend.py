@@ -16,6 +16,7 @@ privacy; ``config``; ``info``), so reports and sweeps treat both backends alike.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -99,37 +100,48 @@ def _main(grid: Grid, context: Context) -> None:
 
 def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hosts: int = 2,
                           num_gpus_per_host: float = 0.0, timeout_s: float = 600.0,
-                          resume: bool | None = None, run_timeout_s: float | None = None) -> dict[str, Any]:
+                          resume: bool | None = None, run_timeout_s: float | None = None,
+                          ray_address: str | None = None) -> dict[str, Any]:
     """Run ``cfg`` under ``flwr run`` on ``cfg.n_nodes`` simulated SuperNodes; return the results document it wrote.
 
     ``resume=None`` resumes when ``out_dir`` already holds a checkpoint of this config.  ``timeout_s``: how long a
     segment may take; ``run_timeout_s``: how long the whole ``flwr run`` may take (``None``: no bound).
+    ``ray_address`` (``"HEAD:PORT"``; default the config's ``run.ray_address``, else ``RAY_ADDRESS``): the simulation
+    runs on that running
+    Ray cluster instead of a Ray head of its own on 127.0.0.1 (:func:`flower_dp.flower_run.run_app`).  The private
+    work folder (the config, the own models and data, Flower's home) is removed on every way out: success, failure,
+    timeout, KeyboardInterrupt.
     """
     out = rio.ensure_writable_dir(out_dir).resolve()
     prev = rio.read_json(out / "results.json")
     if resume is None:
         resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
+    address = ray_address or cfg.run.get("ray_address") or os.environ.get("RAY_ADDRESS") or None
     work = Path(tempfile.mkdtemp(prefix="flower-dp-flwr-"))  # 0700: the own data below is read by this run alone
-    (work / "config.json").write_text(json.dumps(cfg.to_dict()))
-    own = sources.snapshot()
-    if own:
-        from .. import handoff
+    try:
+        (work / "config.json").write_text(json.dumps(cfg.to_dict()))
+        own = sources.snapshot()
+        if own:
+            from .. import handoff
 
-        handoff.write(own, work / "sources.pkl")
-    if (out / "results.json").is_file() and not resume:
-        (out / "results.json").unlink()  # what is there afterwards is this run's
-    run = run_app("flower_dp.experiments.flower_backend:server_app", "flower_dp.experiments.flower_backend:client_app",
-                  num_supernodes=cfg.n_nodes, work_dir=work, timeout_s=run_timeout_s, pythonpath=_user_paths(),
-                  run_config={"config-file": str(work / "config.json"),
-                              "sources-file": str(work / "sources.pkl") if own else "", "out-dir": str(out),
-                              "num-hosts": int(num_hosts), "num-gpus-per-host": float(num_gpus_per_host),
-                              "timeout-s": float(timeout_s), "resume": bool(resume), "started-at": time.time()})
+            handoff.write(own, work / "sources.pkl")
+        if (out / "results.json").is_file() and not resume:
+            (out / "results.json").unlink()  # what is there afterwards is this run's
+        run = run_app("flower_dp.experiments.flower_backend:server_app",
+                      "flower_dp.experiments.flower_backend:client_app",
+                      num_supernodes=cfg.n_nodes, work_dir=work, timeout_s=run_timeout_s, pythonpath=_user_paths(),
+                      ray_address=address,
+                      run_config={"config-file": str(work / "config.json"),
+                                  "sources-file": str(work / "sources.pkl") if own else "", "out-dir": str(out),
+                                  "num-hosts": int(num_hosts), "num-gpus-per-host": float(num_gpus_per_host),
+                                  "timeout-s": float(timeout_s), "resume": bool(resume), "started-at": time.time()})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     doc = rio.read_json(out / "results.json")
     if doc is None or doc.get("status") in (RUNNING, FAILED, None):
         raise RuntimeError(f"the Flower simulation of {cfg.run['name']!r} ended without results, or failed, in "
-                           f"{str(out)!r} (flwr run exited with {run.returncode}; Flower's files in {str(work)!r}); "
-                           f"the end of its output:\n{run.tail()}")
-    shutil.rmtree(work, ignore_errors=True)
+                           f"{str(out)!r} (flwr run exited with {run.returncode}); the end of its output:\n"
+                           f"{run.tail()}")
     return doc
 
 

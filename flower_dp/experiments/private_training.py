@@ -13,6 +13,7 @@ the eps spent with :meth:`PrivateRun.privacy_spent`.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from .. import sources
 __all__ = ["train_private", "PrivateRun", "BACKENDS"]
 
 #: where :func:`train_private` runs the nodes
-BACKENDS = ("inprocess", "ray")
+BACKENDS = ("inprocess", "ray", "flower")
 #: algorithms whose Gaussian noise is ``noise_multiplier * clip / batch_size`` on the released batch mean
 _MULTIPLIER_ALGORITHMS = ("dp2_sgd", "adp2_sgd", "privsgp")
 
@@ -115,15 +116,16 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
                   partition: str = "shuffle_split", seed: int = 0, reproducible: bool = False,
                   noise_sampler: str = "float",
                   out_dir: str | Path | None = None, resume: bool = False, backend: str = "inprocess",
-                  num_hosts: int = 2, device: str = "cpu", name: str = "train_private",
+                  ray_address: str | None = None, num_hosts: int | None = None, device: str = "cpu",
+                  name: str = "train_private",
                   progress: bool = False, party: str | None = None) -> PrivateRun:
     """Train ``model_fn()`` with differentially private push-sum on ``n_nodes`` nodes that split ``train``.
 
     Parameters
     ----------
     model_fn : callable () -> torch.nn.Module
-        Your model; every node calls it (under the run's seed, so they start alike).  For ``backend="ray"`` it must
-        pickle (a function of your script or module, or a class).
+        Your model; every node calls it (under the run's seed, so they start alike).  For ``backend="ray"`` or
+        ``"flower"`` it must pickle (a function of your script or module, or a class).
     train, test : data
         Training data (split over the nodes by ``partition``) and a held-out test set the network-average model is
         evaluated on: ``(x, y)`` tensors, a ``DataLoader`` or a dataset (:func:`flower_dp.data.as_tensors`).
@@ -141,14 +143,21 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
         As the ``[topology]``, ``[run]`` and ``[data]`` keys of a config (:mod:`flower_dp.experiments.config`);
         ``eval_every`` defaults to ``num_iters`` (one evaluation at the end).
     out_dir, resume : path, bool
-        Where ``results.json``, ``history.csv`` and the checkpoint go (None: nothing written in process; a temporary
-        folder on Ray); ``resume=True`` continues from the checkpoint of the same call.
-    backend, num_hosts : str, int
-        ``"inprocess"`` or ``"ray"`` (a Flower simulation with ``num_hosts`` Ray host actors).
+        Where ``results.json``, ``history.csv`` and the checkpoint go (None: nothing written for ``"inprocess"`` and
+        ``"ray"``; a temporary folder for ``"flower"``, removed at the end); ``resume=True`` continues from the
+        checkpoint of the same call.
+    backend, ray_address, num_hosts : str, str, int
+        Where the nodes run: ``"inprocess"`` (this process), ``"ray"`` (Ray host actors driven by this process, no
+        Flower: :mod:`flower_dp.experiments.ray_cluster`) or ``"flower"`` (a Flower simulation whose ClientApps
+        register the nodes on Ray host actors: :mod:`flower_dp.experiments.flower_backend`).  ``ray_address``
+        (``"HEAD:PORT"`` or ``"auto"``): the running Ray cluster ``"ray"`` and ``"flower"`` join (default
+        ``RAY_ADDRESS``, else a Ray of the run's own on 127.0.0.1).  ``num_hosts``: the Ray host actors (default
+        one per CPU of the cluster for ``"ray"``, 2 for ``"flower"``).  For ``"ray"`` and ``"flower"`` ``model_fn``
+        must pickle (a function of your script or module, or a class).
     party : str
         Whom the eps is stated for (:mod:`flower_dp.privacy.parties`): ``"out_neighbour"`` (default),
         ``"model_observer"`` (the same eps: the network average is a post-processing of the shares) or
-        ``"relay"`` (the same eps; refused when the nodes' states are checkpointed, i.e. with ``out_dir`` or on Ray).
+        ``"relay"`` (the same eps; refused when the nodes' states are checkpointed, i.e. with ``out_dir`` or with ``"flower"``).
         ``results.json`` reports every party (``eps_by_party``).
 
     Returns
@@ -164,8 +173,11 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
     from .config import config_from_dict
 
     check_choice("backend", backend, BACKENDS)
-    checkpoint = out_dir is not None or backend == "ray"
+    checkpoint = out_dir is not None or backend == "flower"
     party = check_push_sum_party(party, states_to_server=checkpoint)
+    if ray_address is not None and backend == "inprocess":
+        raise ValueError(f"ray_address={ray_address!r} is for backend='ray' or 'flower', got backend='inprocess'; "
+                         "pass backend='ray' or drop ray_address")
     x, y = as_tensors(train)
     x_test, y_test = as_tensors(test)
     num_classes = int(max(int(y.max()), int(y_test.max())) + 1)
@@ -176,7 +188,9 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
                 "eval_every": int(eval_every or num_iters), "out_dir": None if out_dir is None else str(out_dir),
                 "checkpoint": checkpoint, "progress": bool(progress),
                 "device": device, "reproducible": bool(reproducible),
-                "noise_sampler": noise_sampler},
+                "noise_sampler": noise_sampler,
+                "backend": "ray" if backend == "ray" else "inprocess", "ray_address": ray_address,
+                "ray_num_hosts": num_hosts if backend == "ray" else None},
         "data": {"dataset": key, "partition": partition},
         "model": {"name": key},
         "topology": {"name": topology, "n_nodes": int(n_nodes)},
@@ -185,15 +199,21 @@ def train_private(model_fn: Callable[[], Any], train: Any, test: Any, *, n_nodes
             clip=clip, batch_size=batch_size, lr=lr)},
         "privacy": {"party": party},
     })
-    if backend == "inprocess":
+    if backend in ("inprocess", "ray"):
         from .runner import run_experiment
 
         res = run_experiment(cfg, out_dir=out_dir, resume=resume, progress=progress)
-        plan = res.nodes[0].plan if res.nodes and hasattr(res.nodes[0], "plan") else None
-        return PrivateRun(res.status, res.history, res.privacy, res.out_dir, backend, plan, party, checkpoint)
+        return PrivateRun(res.status, res.history, res.privacy, res.out_dir, backend, res.plan, party, checkpoint)
     from .flower_backend import run_flower_experiment
 
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="flower-dp-"))
-    doc = run_flower_experiment(cfg, out_dir=out, num_hosts=int(num_hosts), resume=resume)
-    return PrivateRun(str(doc["status"]), list(doc.get("history", [])), dict(doc.get("privacy", {})), out, backend,
-                      party=party, states_to_server=checkpoint)
+    tmp = None if out_dir is not None else Path(tempfile.mkdtemp(prefix="flower-dp-"))
+    out = Path(out_dir) if out_dir is not None else tmp
+    try:
+        doc = run_flower_experiment(cfg, out_dir=out, num_hosts=int(num_hosts or 2), resume=resume,
+                                    ray_address=ray_address)
+    finally:
+        if tmp is not None:  # nothing of the run (its checkpoint holds the nodes' models) stays behind
+            shutil.rmtree(tmp, ignore_errors=True)
+    return PrivateRun(str(doc["status"]), list(doc.get("history", [])), dict(doc.get("privacy", {})),
+                      None if tmp is not None else out, backend, party=party,
+                      states_to_server=checkpoint)

@@ -55,6 +55,8 @@ class RunResult:
     #: the party the run is calibrated to and every party's entry (:mod:`flower_dp.privacy.parties`)
     party: str = "out_neighbour"
     eps_by_party: dict[str, Any] = field(default_factory=dict)
+    #: the plan every node was built from (:class:`flower_dp.clients.base.Plan`; None for a plan-less algorithm)
+    plan: Any = field(default=None, repr=False)
 
     @property
     def eps_rigorous_max(self) -> float | None:
@@ -103,6 +105,23 @@ def build_experiment(cfg: ExperimentConfig):
     device = resolve_device(str(cfg.run.get("device", "cpu")))
     nodes = [parts.build_node(i, device) for i in range(cfg.n_nodes)]
     return nodes, parts.plan, parts.topology, parts.test_data(), eval_model, parts.info(device)
+
+
+def _plan_experiment(cfg: ExperimentConfig):
+    """:func:`build_experiment` without the nodes (they are built where they run): ``([], plan, topology, test
+    split, eval_model, info)``."""
+    from ..clients.builder import build_parts
+
+    parts = build_parts(cfg.to_dict())
+    device = resolve_device(str(cfg.run.get("device", "cpu")))
+    return [], parts.plan, parts.topology, parts.test_data(), parts.new_model(), parts.info(device)
+
+
+def _build_node0(cfg: ExperimentConfig, plan: Any) -> Any:
+    """Node 0 of ``cfg`` on the CPU, built from ``plan`` (what every node of the run is: private or not)."""
+    from ..clients.builder import build_parts
+
+    return build_parts(cfg.to_dict(), plan=plan, test=False).build_node(0, "cpu")
 
 
 def _plan_num_iters(plan, requested: int) -> int:
@@ -190,6 +209,8 @@ def run_experiment(
     out_dir: str | Path | None = None,
     resume: bool = False,
     progress: bool | None = None,
+    backend: str | None = None,
+    ray_address: str | None = None,
 ) -> RunResult:
     """Run ``cfg`` in-process and return (and, with ``out_dir``, write) its results.
 
@@ -206,7 +227,32 @@ def run_experiment(
         with fresh node secrets.
     progress : bool, optional
         Show a progress bar (default from the config; always quiet when stderr is not a terminal or ``CI`` is set).
+    backend : ``"inprocess"`` | ``"ray"``, optional
+        Where the nodes run (default the config's ``run.backend``): in this process, or on Ray host actors
+        (:mod:`flower_dp.experiments.ray_cluster`; the same numbers on CPU for a reproducible run).
+    ray_address : str, optional
+        ``"HEAD:PORT"`` or ``"auto"`` of a running Ray cluster to join (default the config's ``run.ray_address``,
+        else ``RAY_ADDRESS``, else a local Ray of this run's own); only with ``backend="ray"``.
     """
+    where = str(backend if backend is not None else cfg.run.get("backend", "inprocess"))
+    if where not in ("inprocess", "ray"):
+        raise ValueError(f"backend must be 'inprocess' or 'ray', got {where!r}")
+    if where == "inprocess" and ray_address is not None:
+        raise ValueError(f"ray_address={ray_address!r} is for backend='ray', got backend='inprocess'; pass "
+                         "backend='ray' (--backend ray) or drop the address")
+    if where == "ray":
+        from .ray_cluster import ray_connection
+
+        with ray_connection(ray_address if ray_address is not None else cfg.run.get("ray_address")) as conn:
+            return _run(cfg, out_dir, resume, progress, conn)
+    return _run(cfg, out_dir, resume, progress, None)
+
+
+def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ray: dict[str, Any] | None
+         ) -> RunResult:
+    """:func:`run_experiment` on the backend chosen: in process (``ray`` None) or on the Ray connection ``ray``."""
+    from .config import placeless
+
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
     t0 = time.perf_counter()  # the wall time counts the set-up too
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
@@ -214,60 +260,89 @@ def run_experiment(
         raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
     # the identity names the sampler of the nodes' device (numpy on the CPU, torch's float64 normal on CUDA), known
     # once build_experiment resolved it (checkpoints are loaded and saved after that)
-    recorder = RunRecorder(out, identity=lambda: {"config": cfg.to_dict(), **sampler_identity(info["device"])},
+    recorder = RunRecorder(out, identity=lambda: {"config": placeless(cfg.to_dict()),
+                                                  **sampler_identity(info["device"])},
                            checkpoint=cfg.run.get("checkpoint", True),
                            refusals={"config": _different_config, **SAMPLER_REFUSAL})
-    nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
+    if ray is None:
+        nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
+        probe = nodes
+    else:  # the nodes are built on the Ray hosts; node 0 built here answers what every node of the plan is
+        nodes, plan, topology, (x_test, y_test), eval_model, info = _plan_experiment(cfg)
+        probe = [_build_node0(cfg, plan)]
+    n_nodes = cfg.n_nodes
     eval_model, x_test, y_test = _to_device(eval_model, x_test, y_test, info["device"])
     K = _plan_num_iters(plan, int(cfg.run["num_iters"]))
     debug = bool(cfg.run.get("debug_metrics", False))
-    released = release_fields(debug, private=all(node_is_private(n) for n in nodes))
+    released = release_fields(debug, private=all(node_is_private(n) for n in probe))
     if debug and released.get("uncharged_statistics_released"):
         print(f"flower-dp: WARNING: {released['release_warning']}", file=sys.stderr)
-    segments = SegmentPlan(n_nodes=len(nodes), num_iters=K, iters_per_segment=int(cfg.run["eval_every"]),
+    segments = SegmentPlan(n_nodes=n_nodes, num_iters=K, iters_per_segment=int(cfg.run["eval_every"]),
                            num_iters_requested=int(cfg.run["num_iters"]),
-                           replay_plan=plan if all(hasattr(n, "plan") for n in nodes) else None)
+                           replay_plan=plan if all(hasattr(n, "plan") for n in probe) else None)
+    replay_plan_ok = segments.replay_plan is not None
+    del probe
+
+    def node_params() -> list[torch.Tensor]:
+        if ray is None:
+            return [nd.eval_params() for nd in nodes]
+        flats = backend.backend.call("eval_params")
+        return [flats[i].to(info["device"]) for i in range(n_nodes)]
 
     def evaluate(rnd: int, avg: torch.Tensor) -> dict[str, float]:
         acc, loss = evaluate_params(eval_model, avg.to(info["device"]), x_test, y_test)
         row = {"acc_avg": acc, "test_loss_avg": loss}
         if cfg.run.get("eval_nodes"):
-            accs = [evaluate_params(eval_model, nd.eval_params(), x_test, y_test)[0] for nd in nodes]
+            accs = [evaluate_params(eval_model, flat, x_test, y_test)[0] for flat in node_params()]
             row["acc_nodes_mean"] = float(np.mean(accs))
         return row
 
+    show = cfg.run.get("progress", True) if progress is None else progress
+    bar = _progress(K, show, cfg.run["name"]) if ray is None else None
+    tick = None if bar is None else (lambda: bar.update(1))
+    if ray is None:
+        backend: Any = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
+    else:
+        from .ray_cluster import ConfigNodeFactory, RaySegments, ray_settings
+
+        kw = ray_settings(cfg.run)
+        backend = RaySegments(n_nodes, ConfigNodeFactory(cfg.to_dict(), plan), num_hosts=kw["num_hosts"],
+                              num_gpus_per_host=kw["num_gpus_per_host"], placement=kw["placement"],
+                              device=str(cfg.run.get("device", "cpu")))
+
     def header(prog: RunProgress) -> RunHeader:
-        return RunHeader(name=cfg.run["name"], backend="inprocess", algorithm=cfg.algorithm["name"],
-                         config=cfg.to_dict(), seed=cfg.run["seed"],
+        extras: dict[str, Any] = {"train_cpu_s": prog.train_cpu_s}
+        if ray is not None:
+            extras["ray"] = {"address": ray["address"], "own_instance": ray["own"], **backend.record()}
+        return RunHeader(name=cfg.run["name"], backend="inprocess" if ray is None else "ray",
+                         algorithm=cfg.algorithm["name"], config=cfg.to_dict(), seed=cfg.run["seed"],
                          noise=noise_record(plan.reproducible, device=info["device"], sampler=plan.noise_sampler),
                          released=released,
                          plan_summary=plan_summary(plan, info["device"]),
-                         num_iters_requested=int(cfg.run["num_iters"]), num_iters=K, info=info,
-                         extras={"train_cpu_s": prog.train_cpu_s}, party=cfg.privacy["party"],
-                         transport="inprocess", states_to_server=bool(recorder.checkpoint))
+                         num_iters_requested=int(cfg.run["num_iters"]), num_iters=K, info=info, extras=extras,
+                         party=cfg.privacy["party"], transport="inprocess" if ray is None else "ray",
+                         states_to_server=bool(recorder.checkpoint))
 
-    show = cfg.run.get("progress", True) if progress is None else progress
-    bar = _progress(K, show, cfg.run["name"])
-    tick = None if bar is None else (lambda: bar.update(1))
-    backend = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
     try:
         prog = run_segments(backend, segments, recorder=recorder, header=header, evaluate=evaluate, resume=resume,
                             stop_file=lambda: stop_requested(), debug_metrics=debug, upgrade=_upgrade_checkpoint,
-                            progress=RunProgress(len(nodes), started=t0))
+                            progress=RunProgress(n_nodes, started=t0))
     finally:
         if bar is not None:
             bar.close()
+    per_node = ([dict(r, node=i) for i, r in backend.privacy_reports().items()] if ray is None
+                else list(prog.privacy))  # the Ray hosts are gone: their last reports, kept by the engine
     return RunResult(
         status=prog.status,
         history=prog.history,
-        privacy={"per_node": [dict(r, node=i) for i, r in backend.privacy_reports().items()],
-                 "plan": plan_summary(plan, info["device"])},
+        privacy={"per_node": per_node, "plan": plan_summary(plan, info["device"])},
         final_accuracy=prog.history[-1]["acc_avg"] if prog.history else float("nan"),
         out_dir=recorder.out_dir,
         wall_time_s=time.perf_counter() - t0,
         nodes=list(nodes),
         party=cfg.privacy["party"],
         eps_by_party=push_sum_eps_by_party_from_reports(
-            [dict(r, node=i) for i, r in backend.privacy_reports().items()], transport="inprocess",
-            states_to_server=bool(recorder.checkpoint)),
+            [dict(r, node=i) for i, r in backend.privacy_reports().items()],
+            transport="inprocess" if ray is None else "ray", states_to_server=bool(recorder.checkpoint)),
+        plan=plan if replay_plan_ok else None,
     )

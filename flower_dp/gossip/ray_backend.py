@@ -44,10 +44,15 @@ from ..errors import FlowerDPError, GossipTimeoutError
 from .protocol import SegmentResult
 from .ray_host import NodeFactory, remote_host_class
 
-__all__ = ["RayGossipBackend", "SegmentResult", "NodeFailureError", "host_of", "host_actor_name", "register_node",
+__all__ = ["RayGossipBackend", "SegmentResult", "NodeFailureError", "ResourceError", "PLACEMENTS", "default_num_hosts",
+           "host_of", "host_actor_name", "register_node",
            "ensure_ray", "check_ray_address"]
 
 log = logging.getLogger(__name__)
+
+
+class ResourceError(FlowerDPError, RuntimeError):
+    """The Ray cluster lacks the CPUs, GPUs or nodes a run asks for (the message names what it has and the fix)."""
 
 
 class NodeFailureError(FlowerDPError, RuntimeError):
@@ -90,6 +95,51 @@ def check_ray_address(address: str, *, timeout_s: float = 3.0) -> None:
             f"head. Start one with `ray start --head --node-ip-address={host} --port={port} --include-dashboard=false`, "
             "fix RAY_ADDRESS / backend_kwargs['address'], or unset it to start a local Ray on 127.0.0.1"
         ) from exc
+
+
+#: the placement-group strategies a run may ask for (Ray's names)
+PLACEMENTS = ("SPREAD", "STRICT_SPREAD")
+
+
+def default_num_hosts(resources: dict[str, float], num_cpus_per_host: float, num_gpus_per_host: float) -> int:
+    """Hosts a cluster with ``resources`` (``ray.cluster_resources()``) holds: one per ``num_gpus_per_host`` GPUs
+    when GPUs are asked, else one per ``num_cpus_per_host`` CPUs (one per CPU when that is 0); at least 1."""
+    if num_gpus_per_host > 0 and resources.get("GPU", 0):
+        return max(1, int(float(resources["GPU"]) // float(num_gpus_per_host) + 1e-9))
+    return max(1, int(float(resources.get("CPU", 1)) // (float(num_cpus_per_host) or 1.0) + 1e-9))
+
+
+def _reserve(num_hosts: int, cpus: float, gpus: float, strategy: str, wait_s: float) -> Any:
+    """A ready placement group of ``num_hosts`` bundles (``cpus`` CPUs, ``gpus`` GPUs each) with ``strategy``, or a
+    clear error naming what the cluster has."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    res = ray.cluster_resources()
+    alive = [nd for nd in ray.nodes() if nd.get("Alive")]
+    bundle = {"CPU": float(cpus) or 0.001}  # Ray refuses an empty bundle; 0.001 CPU keeps a host's bundle alive
+    if gpus > 0:
+        bundle["GPU"] = float(gpus)
+    have = f"the cluster has {res.get('CPU', 0):g} CPUs and {res.get('GPU', 0):g} GPUs on {len(alive)} node(s)"
+    for key, per in bundle.items():
+        if per * num_hosts > float(res.get(key, 0)) + 1e-9:
+            raise ResourceError(
+                f"{num_hosts} hosts x {per:g} {key} = {per * num_hosts:g} {key} asked, {have}; valid: at most "
+                f"{float(res.get(key, 0)):g} {key} in all; fix: fewer hosts (num_hosts / nodes_per_host), fewer "
+                f"{key}s per host, or add a node with `ray start --address=HEAD:PORT`")
+    if strategy == "STRICT_SPREAD" and num_hosts > len(alive):
+        raise ResourceError(f"STRICT_SPREAD puts each of the {num_hosts} hosts on a node of its own, {have}; fix: "
+                            f"at most {len(alive)} hosts, placement SPREAD, or more nodes")
+    pg = placement_group([dict(bundle) for _ in range(num_hosts)], strategy=strategy)
+    try:
+        ray.get(pg.ready(), timeout=wait_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.util.remove_placement_group(pg)
+        raise ResourceError(
+            f"Ray could not place {num_hosts} hosts of {bundle} with {strategy} within {wait_s:g} s ({have}; per "
+            f"node: {[nd.get('Resources', {}) for nd in alive]}); fix: fewer hosts or resources per host, placement "
+            "SPREAD, or more nodes") from None
+    return pg
 
 
 def host_of(node_id: int, n_nodes: int, num_hosts: int) -> int:
@@ -192,6 +242,12 @@ class RayGossipBackend:
         Longest wait for another host's contributions or shares at one iteration.
     wait_for_ray_s : float
         Wait this long for someone else (Flower) to start Ray in this process before starting it.
+    placement : str, optional
+        ``"SPREAD"`` or ``"STRICT_SPREAD"``: reserve one placement-group bundle per host (its CPUs and GPUs) with
+        that Ray strategy, so the hosts spread over the cluster's nodes (``STRICT_SPREAD``: every host on a
+        different node); ``None`` (default) lets Ray place each host where it fits.  With a placement, a cluster
+        without the CPUs or GPUs asked is an error naming what it has (no CPU fallback), raised within
+        ``placement_wait_s`` seconds.
     """
 
     #: ClientApps register their nodes every round (a restarted host needs them built again)
@@ -216,6 +272,8 @@ class RayGossipBackend:
         detached: bool = False,
         timeout_s: float = 60.0,
         wait_for_ray_s: float = 0.0,
+        placement: str | None = None,
+        placement_wait_s: float = 30.0,
     ) -> None:
         self.n_nodes = check_int("n_nodes", n_nodes, minimum=1)
         if nodes_per_host is not None and num_hosts is not None:
@@ -230,14 +288,22 @@ class RayGossipBackend:
         ensure_ray(address, wait_s=wait_for_ray_s)
         import ray
 
+        if placement is not None and placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {list(PLACEMENTS)} or None, got {placement!r}; SPREAD spreads "
+                             "the hosts over the cluster's nodes, STRICT_SPREAD puts each on a node of its own")
+        self.placement_strategy = placement
         if num_hosts is None:
             if nodes_per_host is not None:
                 per = check_int("nodes_per_host", nodes_per_host, minimum=1)
                 num_hosts = -(-self.n_nodes // per)
             else:
-                num_hosts = max(1, int(ray.cluster_resources().get("CPU", 1)))
+                num_hosts = default_num_hosts(ray.cluster_resources(), self.num_cpus_per_host, self.num_gpus_per_host)
         self.num_hosts = min(check_int("num_hosts", num_hosts, minimum=1), self.n_nodes)
-        if self.num_gpus_per_host > 0 and not ray.cluster_resources().get("GPU", 0):
+        self.placement_group = None
+        if placement is not None:
+            self.placement_group = _reserve(self.num_hosts, self.num_cpus_per_host, self.num_gpus_per_host,
+                                            placement, placement_wait_s)
+        elif self.num_gpus_per_host > 0 and not ray.cluster_resources().get("GPU", 0):
             log.warning("num_gpus_per_host=%s but the Ray cluster has no GPU; falling back to CPU for all %d host actors",
                         self.num_gpus_per_host, self.num_hosts)
             self.num_gpus_per_host = 0.0
@@ -250,8 +316,17 @@ class RayGossipBackend:
             opts["num_gpus"] = self.num_gpus_per_host
         if self.detached:
             opts["lifetime"] = "detached"
+
+        def where(h: int) -> dict[str, Any]:
+            if self.placement_group is None:
+                return {}
+            from ray.util import scheduling_strategies as ss
+
+            return {"scheduling_strategy": ss.PlacementGroupSchedulingStrategy(
+                placement_group=self.placement_group, placement_group_bundle_index=h)}
+
         self.hosts = [
-            cls.options(name=host_actor_name(self.name, h), **opts).remote(
+            cls.options(name=host_actor_name(self.name, h), **opts, **where(h)).remote(
                 h, self.placement, self.timeout_s, self.threads_per_host, self.num_gpus_per_host > 0, device
             )
             for h in range(self.num_hosts)
@@ -459,3 +534,9 @@ class RayGossipBackend:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.hosts = []
+        if self.placement_group is not None:
+            try:
+                ray.util.remove_placement_group(self.placement_group)
+            except Exception:  # noqa: BLE001 - the cluster is gone
+                pass
+            self.placement_group = None

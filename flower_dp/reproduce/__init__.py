@@ -92,6 +92,7 @@ def reproduce(
     estimate: bool | None = None,
     device: str | None = None,
     runs: Sequence[str] | None = None,
+    ray_address: str | None = None,
 ) -> Reproduction | None:
     """Run (or resume) a paper's headline experiment and write its records, plots and report.
 
@@ -102,7 +103,10 @@ def reproduce(
     scale : "smoke" | "ci" | "full" | "paper" (``full``'s setting, the paper's own, without the ResNet/ViT runs:
         what 2 CPU cores can run to the end; paper modules may keep a subset of the grid, see
         :attr:`~flower_dp.reproduce.core.Paper.paper_scale`)
-    backend : "inprocess" (the reference runner) | "flower" (Flower simulation on Ray, same numbers)
+    backend : "inprocess" (the reference runner) | "ray" (the push-sum nodes on Ray host actors, same numbers) |
+        "flower" (Flower simulation on Ray, same numbers)
+    ray_address : "HEAD:PORT" or "auto" of a running Ray cluster the "ray" and "flower" runs join (set as
+        ``RAY_ADDRESS`` for the sweep; default: ``RAY_ADDRESS``, else a Ray of each run's own on 127.0.0.1)
     out : output folder (default ``runs/reproduce/<paper>-<table>-<scale>``)
     seeds : number of seeds (default: the paper's default for the scale; the papers averaged 5 runs)
     reproducible : False (default): privacy noise and private sampling come from each node's own secret
@@ -126,6 +130,17 @@ def reproduce(
     _check(table, p.tables, f"table for {paper} (valid: {p.tables})")
     _check(scale, SCALES, "scale")
     _check(backend, BACKENDS, "backend")
+    if ray_address is not None:
+        if backend == "inprocess":
+            raise ConfigError(f"ray_address={ray_address!r} is for --backend ray or flower, got --backend inprocess; "
+                              "pass --backend ray or drop --ray-address")
+        from ..gossip.ray_backend import check_ray_address
+
+        check_ray_address(ray_address)
+        os.environ["RAY_ADDRESS"] = ray_address  # every run of the sweep (and its worker processes) joins it
+    if backend != "inprocess" and jobs > 1:
+        raise ConfigError(f"--jobs {jobs} with --backend {backend}: the runs share the Ray cluster's CPUs, one at a "
+                          "time; pass --jobs 1 (each run spreads its nodes over the cluster itself)")
     if device is not None and not (device in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", str(device))):
         raise ConfigError(f"unknown device {device!r}; valid: 'cpu', 'cuda', 'cuda:N', 'auto' (pass --device cuda on a "
                           "GPU machine, or leave it out for the CPU)")

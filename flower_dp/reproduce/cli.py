@@ -1,4 +1,5 @@
-"""``flower-dp reproduce PAPER|all [--table N] [--scale smoke|ci|full] [--backend inprocess|flower] [--out DIR]``."""
+"""``flower-dp reproduce PAPER|all [--table N] [--scale smoke|ci|full] [--backend inprocess|ray|flower]
+[--ray-address HEAD:PORT] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -140,6 +141,7 @@ def _cmd(args: argparse.Namespace) -> int:
             raise ValueError(f"--runs {args.runs!r} needs one paper, got 'all'; name a paper (and --table)")
         reps = [reproduce(p, scale=args.scale, backend=args.backend, out=base / p, seeds=args.seeds,
                           reproducible=args.reproducible, jobs=args.jobs, device=args.device,
+                          ray_address=args.ray_address,
                           command=f"flower-dp reproduce {p} --scale {args.scale} --backend {args.backend} "
                                   f"--out {base / p}" + (f" --seeds {args.seeds}" if args.seeds else "")
                                   + (" --reproducible" if args.reproducible else "")
@@ -150,6 +152,7 @@ def _cmd(args: argparse.Namespace) -> int:
     else:
         rep = reproduce(args.paper, table=args.table, scale=args.scale, backend=args.backend, out=args.out,
                         seeds=args.seeds, reproducible=args.reproducible, jobs=args.jobs, device=args.device,
+                        ray_address=args.ray_address,
                         estimate="only" if args.estimate else (False if args.no_estimate else None),
                         runs=args.runs.split(",") if args.runs is not None else None)
         reps = [rep] if rep is not None else []
@@ -212,8 +215,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-estimate", action="store_true",
                    help="skip the estimate the full and paper scales print before a sweep (its probe segment costs "
                         "CPU time, e.g. when the sweep was estimated already)")
-    p.add_argument("--backend", default="inprocess", choices=["inprocess", "flower"],
-                   help="inprocess (reference) or flower (Flower simulation on Ray; same numbers)")
+    p.add_argument("--backend", default="inprocess", choices=["inprocess", "ray", "flower"],
+                   help="inprocess (reference), ray (push-sum nodes on Ray host actors, spread over a Ray cluster) or "
+                        "flower (Flower simulation on Ray); same numbers")
+    p.add_argument("--ray-address", default=None, metavar="HEAD:PORT|auto",
+                   help="with --backend ray or flower: join this running Ray cluster (never started or stopped "
+                        "here); default RAY_ADDRESS, else a local Ray on 127.0.0.1 per run")
     p.add_argument("--device", default=None,
                    help="where push-sum runs compute: cpu (default), cuda, cuda:N or auto (a GPU when one is visible); "
                         "the GPU tables' --scale full needs it on a GPU machine. Not part of a run's identity: finished "

@@ -86,7 +86,7 @@ def cpu_feasible(spec: "RunSpec") -> bool:
     model = spec.config.get("model")
     name = model.get("name") if isinstance(model, dict) else model
     return not any(g in str(name or "").lower() for g in GPU_MODELS)
-BACKENDS = ("inprocess", "flower")
+BACKENDS = ("inprocess", "ray", "flower")
 #: ``touch OUT/STOP`` stops a sweep writing to OUT: each running run at the end of its segment (checkpoint written,
 #: status ``"stopped"``), and no run starts after it; the same command resumes, charging nothing twice
 #: (:data:`flower_dp.experiments.runner.STOP_FILE_ENV`).  A sweep removes an old one when it starts.
@@ -234,6 +234,9 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
     from .node_eval import NODE_EVAL_NAME
 
     (run_dir / NODE_EVAL_NAME).unlink(missing_ok=True)  # made again when this run finishes
+    if backend == "ray" and spec.node_eval:
+        raise ValueError(f"run {spec.run_id!r} asks for node_eval, which the inprocess backend alone computes; "
+                         "got backend 'ray': run it with --backend inprocess")
     if backend == "flower":
         if spec.node_eval:
             raise ValueError(f"run {spec.run_id!r} asks for node_eval, which the inprocess backend alone computes; "
@@ -244,16 +247,17 @@ def _run_pushsum(spec: RunSpec, run_dir: Path, backend: str, device: str | None 
     else:
         from ..errors import CheckpointError
 
+        where = "ray" if backend == "ray" else "inprocess"  # the Ray cluster: RAY_ADDRESS (reproduce's ray_address)
         resume = (run_dir / rio.CHECKPOINT_NAME).is_file() and same
         try:
-            result = run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True)
+            result = run_experiment(cfg, out_dir=run_dir, resume=resume, progress=True, backend=where)
         except CheckpointError as err:  # unreadable (older format, corrupted): this run starts again, the rest stand
             if not resume:
                 raise
             print(f"flower-dp: {spec.run_id}: its checkpoint cannot be resumed ({err}); running it from the start",
                   file=sys.stderr)
             (run_dir / rio.CHECKPOINT_NAME).unlink(missing_ok=True)
-            result = run_experiment(cfg, out_dir=run_dir, resume=False, progress=True)
+            result = run_experiment(cfg, out_dir=run_dir, resume=False, progress=True, backend=where)
         if spec.node_eval and result.status in _DONE:
             from .node_eval import node_eval_record
 

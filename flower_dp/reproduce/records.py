@@ -24,7 +24,10 @@ def _same_config(stored: Any, cfg: Any) -> bool:
 
     def placeless(conf: dict[str, Any]) -> dict[str, Any]:
         # where and how the nodes ran, not what they computed: the same results (prefetched noise is bit for bit)
-        return {**conf, "run": {k: v for k, v in conf.get("run", {}).items() if k not in ("device", "prefetch_noise")}}
+        from ..experiments.config import PLACE_KEYS
+
+        skip = ("device", "prefetch_noise", *PLACE_KEYS)
+        return {**conf, "run": {k: v for k, v in conf.get("run", {}).items() if k not in skip}}
 
     if not isinstance(stored, dict):
         return False

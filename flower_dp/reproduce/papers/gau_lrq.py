@@ -146,6 +146,9 @@ def run_one(spec: RunSpec, run_dir: Path, backend: str) -> dict[str, Any]:
 
     torch.set_num_threads(max(1, int(os.environ.get("FLOWER_DP_THREADS", torch.get_num_threads()))))
 
+    if backend == "ray":
+        raise ValueError("Gau-LRQ runs in process or as a Flower simulation, got backend 'ray' (the Ray host actors "
+                         "run push-sum nodes); pass --backend flower to run it on Ray, or --backend inprocess")
     done_path = run_dir / "reproduce_doc.json"
     if done_path.is_file():
         doc = json.loads(done_path.read_text())

@@ -96,7 +96,7 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
     ("evaluation", "not aligned",
      "fused_train.py:121-143 with tools/AveModelTest.py:23-36: the exact average of the shared part, each node's "
      "own head, the whole test set; the N accuracies averaged (e.all_reduce)",
-     ("flower_dp/experiments/runner.py", 232, "acc, loss = evaluate_params(eval_model, avg"),
+     ("flower_dp/experiments/runner.py", 293, "acc, loss = evaluate_params(eval_model, avg"),
      "one network-average model, the heads averaged too (engine.py:359); run.eval_nodes adds each node's own "
      "shared part and head, not the exact average of the shared part"),
     ("when the final accuracy is taken", "not aligned",
