@@ -341,8 +341,7 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
         wall_time_s=time.perf_counter() - t0,
         nodes=list(nodes),
         party=cfg.privacy["party"],
-        eps_by_party=push_sum_eps_by_party_from_reports(
-            [dict(r, node=i) for i, r in backend.privacy_reports().items()],
-            transport="inprocess" if ray is None else "ray", states_to_server=bool(recorder.checkpoint)),
+        eps_by_party=push_sum_eps_by_party_from_reports(per_node, transport="inprocess" if ray is None else "ray",
+                                                        states_to_server=bool(recorder.checkpoint)),
         plan=plan if replay_plan_ok else None,
     )
