@@ -118,3 +118,15 @@ def test_a_checkpoint_of_the_torch_float64_sampler_is_proven_but_not_mixed(tmp_p
     with pytest.raises(CheckpointError, match="torch-float64.*numpy-float64: a run's noise comes from one sampler") as e:
         now.load_checkpoint()
     assert "unproven" not in str(e.value)
+
+
+def test_every_report_names_the_party_its_eps_protects_against(tmp_path):
+    """A push-sum report states its eps for an out-neighbour; a Gau-LRQ report for the model observer, with the
+    other parties in its own section (flower_dp.privacy.parties)."""
+    from flower_dp.reproduce import PARTY_SENTENCE
+
+    text, _ = _rerendered(tmp_path, "dyn-d2p", "dyn-d2p")
+    assert PARTY_SENTENCE["push_sum"] in text and "party `out_neighbour`" in text
+    text, _ = _rerendered(tmp_path, "gau-lrq", "gau-lrq")
+    assert PARTY_SENTENCE["gau_lrq"] in text and "## Privacy per party" in text
+    assert "another client holds the run secret these runs shared with every client" in text

@@ -420,6 +420,16 @@ def table_spread(records: list[dict[str, Any]]) -> str | None:
             f"{fmt(min(means))} to {fmt(max(means))}; discriminates? {whole.discrimination()}.")
 
 
+#: whom a report's ``eps rigorous`` protects against (:mod:`flower_dp.privacy.parties`), by family
+PARTY_SENTENCE = {
+    "push_sum": "It is stated for an **out-neighbour** (party `out_neighbour`: it receives every share a node sends), "
+                "and bounds an observer of the network-average model too; `records.json` has every party "
+                "(`eps_by_party`) for runs that recorded it (docs/privacy.md, \"Threat model\").",
+    "gau_lrq": "It is stated for the **model observer** (party `model_observer`: the released global models only); "
+               "the section \"Privacy per party\" gives the others (docs/privacy.md, \"Threat model\").",
+}
+
+
 def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[str], plots: list[str]) -> str:
     datasets = sorted({str(r.get("dataset")) for r in records})
     synthetic = any(r.get("synthetic_data") for r in records)
@@ -445,7 +455,8 @@ def _report_md(p: Paper, meta: dict[str, Any], records, claims, tables_md: list[
         "",
         "Accuracy is the test accuracy of the final network-average model (federated: the global model). "
         "`eps rigorous` is the PLD/RDP eps (dp-accounting) of the noise actually added, max over nodes; "
-        "`eps paper` is what the paper's own formula claims for the same run.",
+        "`eps paper` is what the paper's own formula claims for the same run. "
+        + (PARTY_SENTENCE["gau_lrq"] if meta.get("paper") == "gau-lrq" else PARTY_SENTENCE["push_sum"]),
         "",
         noise_label(meta, records),
         "",

@@ -295,13 +295,19 @@ def party_lines(groups) -> list[str]:
                                ("model_observer", "client", "network_observer", "server")])
     if not rows:
         return []
+    keyed = [r for r in rows if r[2] not in ("none", "-")]
+    shared = [r for r in rows if r[2] == "none"]
+    client = ("another client holds the run secret these runs shared with every client, so it has no eps"
+              if not keyed else
+              "another client holds only its own key, so it sees the released models and whether it was itself "
+              "sampled (the fixed-size pair at q = B/(N-1), its own share of the noise known)"
+              + ("" if not shared else "; in the runs that shared one run secret with every client it has no eps"))
     return ["", "## Privacy per party", "",
             "Every eps above is the **model observer's** (party `model_observer`: it sees the released global models "
             "only, the Gau-LRQ paper's adversary). The same runs against the other parties (docs/privacy.md, "
-            "\"Threat model\"): another client holds the run secret these runs shared with every client, so it has "
-            "no eps; a network observer sees who sends, so it knows the sample and gets no amplification (GDP "
-            "conditioned on the sample, mixed over the binomial participation count); the server decodes each "
-            "update, so it has no eps.", ""] + md_table(
+            f"\"Threat model\"): {client}; a network observer sees who sends, so it knows the sample and gets no "
+            "amplification (GDP conditioned on the sample, mixed over the binomial participation count); the server "
+            "decodes each update, so it has no eps.", ""] + md_table(
         ["run", "model observer", "another client", "network observer", "server"], rows)
 
 
