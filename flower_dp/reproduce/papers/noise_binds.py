@@ -184,6 +184,12 @@ def table(title: str, *, cells: Callable[[str], list[Cell]], tests: Callable[[st
                  "any other interval cannot tell (not discriminating). '(regime)' rows check the setting: the noise "
                  f"costs at least {NOISE_COST:g} against its noise-free twin at the same clip.", ""]
         lines += md_table(["cell", "setting", "seeds", "accuracy (mean +- std)", "eps (max over runs)"], rows)
+        if any("network_observer" in (r.get("eps_by_party") or {}) for r in records):  # the Gau-LRQ family
+            from .gau_lrq import party_lines
+
+            lines += party_lines([{"algorithm": c.key, "records": [r for r in records if
+                                                                   (r.get("labels") or {}).get("cell") == c.key]}
+                                  for c in cells(scale)])
         plots = []
         if plot_x is not None and records:
             fig, axes = new_axes(1)
