@@ -497,7 +497,7 @@ def check_strongly_connected(topology: Topology, window: int | None = None) -> N
 
 TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "exp_one_peer": exp_one_peer,
-    "exp": exp_one_peer,  # alias (DESIGN / INTERFACES)
+    "exp": exp_one_peer,  # alias
     "exp_two_peer": exp_two_peer,  # DPPS "EXP": self + one peer, 1/2 each (same matrices)
     "exp_all_hops": exp_all_hops,
     "d_out": d_out,
