@@ -1,4 +1,4 @@
-"""LRQ codec cost and bytes on the wire (Gau-LRQ, gau-lrq.md 3 and 12).
+"""LRQ codec cost and bytes on the wire (Gau-LRQ, Sec. IV).
 
 Codec ratio: ``encode + decode`` of ``d`` coordinates divided by drawing the same shared
 random numbers alone, once (one side: per 2^20-coordinate Philox chunk all of z ~ N(0,1), then

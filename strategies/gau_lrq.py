@@ -1,7 +1,7 @@
 """Gau-LRQ-SGD (and Dynamic Gau-LRQ-SGD, Gau-SGD, QG-SGD, BQ-SGD, Local SGD) as a Flower strategy.
 
 :class:`GauLRQ` is a drop-in for Flower's ``FedAvg`` (Yan, Li, Lan, Wu, Song, arXiv:2312.07060, Alg. 1, Sec. V;
-spec ``shared/specs/gau-lrq.md``) that samples exactly B of N clients per round, decodes their low-resolution
+Alg. 1) that samples exactly B of N clients per round, decodes their low-resolution
 quantized noisy updates on the server and accounts client-level privacy rigorously.  It subclasses ``FedAvg`` to
 reuse its evaluation, metric aggregation, record keys and summary (a wrapper cannot work: the replies carry integer
 messages, not weights, and the aggregation rule is part of the mechanism); its parts live beside it: who takes part

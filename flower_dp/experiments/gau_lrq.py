@@ -1,4 +1,4 @@
-"""Gau-LRQ experiments: the paper's MNIST/LeNet setting (spec gau-lrq.md §8) at a chosen scale.
+"""Gau-LRQ experiments: the paper's MNIST/LeNet setting (Sec. VII, Table II) at a chosen scale.
 
 One call runs one method (Gau-LRQ, Dynamic Gau-LRQ or a baseline of spec §7) with the real
 :class:`~flower_dp.strategies.gau_lrq.GauLRQ` strategy and the real client mod, either in a Flower

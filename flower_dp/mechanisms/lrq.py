@@ -1,7 +1,7 @@
 """Layered randomized quantizer (LRQ) with an exactly Gaussian decoding error.
 
 Yan, Li, Lan, Wu, Song, "Layered Randomized Quantization for Communication-Efficient and
-Privacy-Preserving Distributed Learning", arXiv:2312.07060; spec ``shared/specs/gau-lrq.md`` §3.
+Privacy-Preserving Distributed Learning", arXiv:2312.07060, Sec. IV (Defs. 2-3, Lemma 3).
 
 =========================  ===============================  =============================
 paper                      spec                             code

@@ -1,4 +1,4 @@
-"""What an LRQ message costs on the wire: layer width, levels and bits per coordinate (spec ``gau-lrq.md`` §3.7, §12).
+"""What an LRQ message costs on the wire: layer width, levels and bits per coordinate (Gau-LRQ, Lemma 3, and an exact count).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The LRQ key and the randomness client and server share (spec ``gau-lrq.md`` §2.4).
+"""The LRQ key and the randomness client and server share (Gau-LRQ paper, Sec. IV-B, the paragraph before Alg. 1).
 
 The key of (the client's run key, round, client) (:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of
 ``chunk_size`` coordinates (in flattened-parameter order) uses ``Generator(Philox(SeedSequence(entropy,

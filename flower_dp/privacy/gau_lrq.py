@@ -1,4 +1,4 @@
-"""Client-level accounting and calibration of (Dynamic) Gau-LRQ (spec ``gau-lrq.md`` §5.2-5.3, §6.2-6.3).
+"""Client-level accounting and calibration of (Dynamic) Gau-LRQ (Yan et al., arXiv:2312.07060, Sec. V, eqs. 16-18).
 
 Each round the server draws exactly B of the N clients uniformly without replacement; the sum of
 their clipped updates (L2 <= S2) carries ``N(0, (z_k S2)^2 I)`` (LRQ's decoding error, or the

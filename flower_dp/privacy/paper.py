@@ -1,6 +1,6 @@
 """The papers' own calibration formulas, by explicit name.
 
-These are *reported*, never trusted (STYLE.md 2.5): every spec found that its paper's
+These are *reported*, never trusted: each was checked against a numerical accountant and found that its paper's
 formula does not deliver the stated (eps, delta) at the paper's own settings.  Each
 calibration in :mod:`flower_dp.privacy.calibration` that uses one of these also reports
 the rigorous eps of the noise it gives.
@@ -33,7 +33,7 @@ def paper_sigma_privsgp_vr(
 ) -> float:
     """PrivSGP-VR Theorem 2, eq. (11): ``sigma_i = 3 c2 G sqrt(K log(1/delta)) / (J eps)``.
 
-    ``vr=False`` (PrivSGP) drops the factor 3 (COMMON.md 4, DECISION).  ``c2`` has no default:
+    ``vr=False`` (PrivSGP) drops the factor 3 (the paper gives no formula for it).  ``c2`` has no default:
     the paper never gives it (0.3724 reproduces its K* = 3120).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)

@@ -1,4 +1,4 @@
-"""DP-CSGP (specs/dp-csgp.md §5-6): Figs. 1-2 (2-layer net) and Figs. 3-4 (ResNet-18, CIFAR-10), n = 10,
+"""DP-CSGP (Zhu et al., experiments section): Figs. 1-2 (2-layer net) and Figs. 3-4 (ResNet-18, CIFAR-10), n = 10,
 static exponential graph.
 
 The paper reports curves only (accuracy vs communication bits).  Claims checked: at equal eps,

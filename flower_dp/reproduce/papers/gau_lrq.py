@@ -1,4 +1,4 @@
-"""Gau-LRQ (specs/gau-lrq.md §8-9): Table IV (six methods) and Table III (more clients) on MNIST/LeNet.
+"""Gau-LRQ (Yan et al., arXiv:2312.07060, Sec. VII): Table IV (six methods) and Table III (more clients) on MNIST/LeNet.
 
 Each run is :func:`flower_dp.experiments.gau_lrq.run_gau_lrq`: the real ``GauLRQ`` strategy and
 client mod, in this process (``--backend inprocess``) or in a Flower simulation on Ray
@@ -23,7 +23,7 @@ PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB")
                   "BQ-SGD": (0.4513, "36 MB"), "Gau-LRQ-SGD": (0.9642, "36 MB"),
                   "Dynamic Gau-LRQ-SGD": (0.9711, "36 MB")}
 PAPER_T3 = {960: 0.8711, 1920: 0.9488, 3840: 0.9663, 5760: 0.9745}
-#: the paper's closed-form noise multiplier at Table III's settings (specs/gau-lrq.md 5.2: z proportional to 1 / N)
+#: the paper's closed-form noise multiplier at Table III's settings (Sec. V of the paper: z proportional to 1 / N)
 PAPER_T3_Z = {960: 1.414, 1920: 0.707, 3840: 0.353, 5760: 0.236}
 #: Table III's control run: Local SGD (no clipping, no noise) for the private runs' rounds
 T3_CONTROL = "Local SGD, no clipping or noise"
