@@ -8,8 +8,9 @@ and is therefore not imported here: :mod:`.push_sum_app` (ClientApp builder for 
 ClientApp module imports neither torch nor the algorithms; on the deployment engine it keeps each SuperNode's node
 in a persistent process.
 
-The names below (among them the push-sum ClientApp builder :func:`make_client_app`, :func:`model_builder`,
-:func:`plan_spec` and :func:`spec_from_config` of :mod:`.push_sum_app`) load on first use (PEP 562), so that importing a light submodule (:mod:`.push_sum_app`, which a
+The names below (among them :mod:`.push_sum_app`'s :func:`make_client_app`, :func:`model_builder`,
+:func:`plan_spec` and :func:`spec_from_config`) load on first use (PEP 562), so that importing a light submodule
+(:mod:`.push_sum_app`, which a
 ``flwr-clientapp`` process imports for every message) does not import torch.
 """
 

@@ -165,7 +165,7 @@ def prepare_pedfl(p: PEDFLParams, **kw) -> Plan:
 def _check_doubly(node: PushSumNode) -> None:
     if not node.topology.doubly_stochastic:
         raise ValueError(f"{node.plan.algorithm} needs a doubly stochastic topology (sensitivity lemma), got "
-                         f"{node.topology.name!r}; use d_out, exp_one_peer, a ring or complete (doubly stochastic graphs)")
+                         f"{node.topology.name!r}; use d_out, exp_one_peer, a ring or complete")
 
 
 def _l1_clip(g: torch.Tensor, c: float) -> torch.Tensor:

@@ -334,7 +334,7 @@ def pushsum_scores(
     """Scores of ``n`` push-sum shares observed by a curious receiver, without / with the canary.
 
     Node ``i = node`` takes one private step on the batch mean, ``g = (sum clip + N(0,(noise_multiplier C)^2 I)) / B``
-    with ``B = batch * q`` the expected batch size (sigma = noise_multiplier C / B on the mean, docs/symbols.md), and sends
+    with ``B = batch * q`` the expected batch size (sigma = noise_multiplier C / B on the mean), and sends
     receiver r the share ``P^k[r, i] * (x_i - lr * g)`` (sender-scaled push-sum share).  The receiver knows
     ``P^k[r, i]``, ``x_i``, lr and B (worst case), inverts the share, and projects on the canary.
 
@@ -487,7 +487,7 @@ def _gau_lrq_claim(name: str, N: int, eps: float) -> PaperClaim:
     from .privacy import paper
 
     B, K, delta, S2 = 80, 25, 1e-5, 1.0
-    # Gau-LRQ's closed form (Sec. V), Table III rows (delta 1e-5, B 80, K 25): sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)
+    # the paper's closed form, Table III rows (delta 1e-5, B 80, K 25): sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)
     sigma = paper.paper_sigma_gau_lrq(eps, delta, S2=S2, num_rounds=K, B=B, N=N)
     return PaperClaim(name, f"Gau-LRQ (arXiv:2312.07060) Table III, N={N}, eps={eps:g}, Lemma 1/4 closed form",
                       q=B / N, noise_multiplier=sigma * math.sqrt(B) / S2, rounds=K, eps_claimed=eps, delta=delta)

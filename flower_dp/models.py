@@ -232,7 +232,7 @@ class ResNet34GN(ResNetGN):
 
 
 class ResNet18TVBN(nn.Module):
-    """torchvision ResNet-18 (7x7 stem, max-pool, BatchNorm) with a ``num_classes`` head (DPPS / PartPSP's Fashion-MNIST runs).
+    """torchvision ResNet-18 (7x7 stem, max-pool, BatchNorm) with a ``num_classes`` head (DPPS's FMNIST runs).
 
     The submodules are torchvision's own (same parameter names: ``conv1``, ``bn1``,
     ``layer1..4``, ``fc``).  Grey (N, 1, H, W) inputs are replicated to 3 channels, as in the

@@ -48,7 +48,7 @@ MLP = dict(lr=0.1, lr_l=0.1, batch_size=10, gamma_n=1e-3, b=5.0, c_prime=0.78, l
 
 
 def test_estimated_sensitivity_bounds_the_real_one_on_the_mlp():
-    """dpps-partpsp.md 3.3 / Fig. 2 setting (b = 5, sync 5, C' = .78, lambda = .55), small scale: S >= S_real."""
+    """Estimator (Lemma 2), Fig. 2 setting (b = 5, sync 5, C' = .78, lambda = .55), small scale: S >= S_real."""
     topo, nodes = mlp_nodes("partpsp1", MLP, K=12)
     for k in range(12):
         log = run_iteration(nodes, k, receivers=topo.out_neighbors)
@@ -77,7 +77,7 @@ def test_partial_sharing_sends_only_the_shared_parameters(split, d_s):
 
 
 def test_sgpdp_without_noise_reduces_to_sgp():
-    """COMMON.md 5.5: SGPDP with gamma_n = 0, d_s = d, sync_period = 0 == SGP (same seeds)."""
+    """SGPDP with gamma_n = 0, d_s = d, sync_period = 0 == SGP (same seeds)."""
     topo = d_out(5, 2)
     parts, _ = logreg_data(5, 32)
     _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=8), topo, parts=parts, num_iters=6)
@@ -91,7 +91,7 @@ def test_sgpdp_without_noise_reduces_to_sgp():
 
 
 def test_laplace_accounting_and_refusals():
-    """COMMON.md 4: one Laplace charge per round with nu = gamma_n / b; eps_paper = b / gamma_n per round."""
+    """One Laplace charge per round with nu = gamma_n / b; eps_paper = b / gamma_n per round."""
     topo, nodes = mlp_nodes("partpsp1", dict(MLP, measure_real=False), K=3)
     run(nodes, topo, 0, 3)
     rep = nodes[0].privacy_report()

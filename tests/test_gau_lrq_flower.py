@@ -1,4 +1,4 @@
-"""Gau-LRQ in a real Flower simulation (spec gau-lrq.md §4 Flower mapping, §10 integration).
+"""Gau-LRQ in a real Flower simulation (Alg. 1 mapped onto Flower rounds).
 
 Each test runs ``flwr run`` (:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on
 127.0.0.1) of this module's :data:`server_app` (or :data:`mismatch_server_app`) and :data:`client_app`.  The

@@ -1,4 +1,4 @@
-"""Gau-LRQ strategy, mod and codecs without a Flower simulation (spec gau-lrq.md §4-§7, §10, §12).
+"""Gau-LRQ strategy, mod and codecs without a Flower simulation (Alg. 1, Sec. V, Sec. VII baselines, bits).
 
 The server and the client run in this process: GauLRQ.configure_train -> the mod around a user
 train function -> GauLRQ.aggregate_train, with a stand-in grid that only lists node ids.

@@ -1,4 +1,4 @@
-"""Compressors: contract test over the registry, spec numbers (dp-csgp.md 3.4, 7.1, 8.2, 9)."""
+"""Compressors: contract test over the registry, DP-CSGP's compressors and bit counts."""
 
 import math
 
@@ -86,7 +86,7 @@ def test_gsgd_levels_and_exact_error():
 
 
 def test_gsgd_worked_example():
-    """x = (3, -4), b = 2: outputs lie in {0, +-2.5, +-5}; exact error 2.5 (dp-csgp.md 3.4)."""
+    """x = (3, -4), b = 2: outputs lie in {0, +-2.5, +-5}; exact error 2.5."""
     x = torch.tensor([3.0, -4.0], dtype=torch.float64)
     comp = GSGD(2)
     g = _gen(0)
@@ -108,7 +108,7 @@ def test_gsgd_bucket_and_rescale_bounds():
 
 @pytest.mark.parametrize(
     "name, d, bits",
-    [  # dp-csgp.md section 9 table (payload bits per message)
+    [  # payload bits per message
         ("identity", 101_770, 3_256_640),
         ("rand_0.75", 101_770, 2_442_464),
         ("rand_0.5", 101_770, 1_628_320),

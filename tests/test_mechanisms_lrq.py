@@ -1,4 +1,4 @@
-"""LRQ: decoded error exactly N(0, sigma^2), integrity, levels (gau-lrq.md 3, 10)."""
+"""LRQ: decoded error exactly N(0, sigma^2), integrity, levels (Gau-LRQ, Sec. IV)."""
 
 import dataclasses
 import math

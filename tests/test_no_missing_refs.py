@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".venv", ".git", "runs", "node_modules", "__pycache__", "build", "dist"}
 #: names of planning notes that are not part of the repository
-NOT_SHIPPED = re.compile(r"\b(" + "|".join(rf"{n}\.md" for n in ("DESIGN", "COMMON", "STYLE")) + "|shared/" + r"specs)\b")
+_NOTES = "|".join(rf"{n}\.md" for n in ("DESIGN", "COMMON", "STYLE"))
+NOT_SHIPPED = re.compile(r"\b(" + _NOTES + "|shared" + r"/specs)\b")
 #: a ``.md`` file name or relative path, not part of a URL (``://`` before it) and not a longer word
 MD_REF = re.compile(r"(?<![\w./:-])((?:\.{1,2}/)?(?:[\w.-]+/)*[\w.-]+\.md)\b")
 URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)

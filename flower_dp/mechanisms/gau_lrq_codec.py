@@ -5,7 +5,7 @@ strategy (:mod:`flower_dp.strategies.gau_lrq`), which never import each other.  
 the keys below name the ConfigRecord / ArrayRecord entries, the functions work on numpy arrays.
 The client-level accountant lives in :mod:`flower_dp.privacy.gau_lrq`.
 
-Gau-LRQ paper (arXiv:2312.07060): Alg. 1, the baselines of Sec. VII, and the bits each message costs.  Pure numpy, no Flower:
+Gau-LRQ (arXiv:2312.07060): Alg. 1, the baselines of Sec. VII, the bits a message costs.  Pure numpy, no Flower:
 both :mod:`flower_dp.clients.lrq_mod` (client side) and :mod:`flower_dp.strategies.gau_lrq`
 (server side) call these functions, so the two sides cannot drift apart.
 

@@ -1,4 +1,4 @@
-"""What an LRQ message costs on the wire: layer width, levels and bits per coordinate (Gau-LRQ, Lemma 3, and an exact count).
+"""What an LRQ message costs on the wire: layer width, levels and bits per coordinate (Lemma 3, counted exactly).
 """
 
 from __future__ import annotations
