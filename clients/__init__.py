@@ -10,8 +10,7 @@ in a persistent process.
 
 The names below (among them :mod:`.push_sum_app`'s :func:`make_client_app`, :func:`model_builder`,
 :func:`plan_spec` and :func:`spec_from_config`) load on first use (PEP 562), so that importing a light submodule
-(:mod:`.push_sum_app`, which a
-``flwr-clientapp`` process imports for every message) does not import torch.
+(:mod:`.push_sum_app`, which a ``flwr-clientapp`` process imports for every message) does not import torch.
 """
 
 from __future__ import annotations

@@ -33,9 +33,18 @@ def _md_names() -> tuple[set[str], set[str]]:
     return paths, {Path(p).name for p in paths}
 
 
-def _exists(ref: str, source: Path, paths: set[str], names: set[str]) -> bool:
+def _written_at_run_time() -> set[str]:
+    """Names of ``.md`` files the library writes into an output folder (``out / "report.md"``)."""
+    return {m.group(1) for p in (ROOT / "flower_dp").rglob("*.py")
+            for m in re.finditer(r'/\s*"([\w.-]+\.md)"', p.read_text(encoding="utf-8"))}
+
+
+def _exists(ref: str, source: Path, paths: set[str], names: set[str], written: set[str]) -> bool:
     if "/" not in ref:
-        return ref in names
+        return ref in names or ref in written
+    first = ref.split("/")[0]
+    if Path(ref).name in written and first not in {".", ".."} and not (ROOT / first).is_dir():
+        return True  # a run's output folder (``out/README.md``, ``dp-csgp/report.md``), not a file of the repository
     for base in (source.parent, ROOT):  # relative to the citing file (links) or to the repository root
         try:
             rel = (base / ref).resolve().relative_to(ROOT).as_posix()
@@ -49,15 +58,28 @@ def _exists(ref: str, source: Path, paths: set[str], names: set[str]) -> bool:
 def test_the_pattern_finds_names_and_paths_and_skips_urls():
     text = "see docs/privacy.md and (architecture.md), not https://x.org/a/README.md nor my_file.mdx"
     assert [m.group(1) for m in MD_REF.finditer(URL.sub(" ", text))] == ["docs/privacy.md", "architecture.md"]
+    paths, names = _md_names()
+    written = _written_at_run_time()
+    md = ".md"  # spelled apart, so that this file names no missing file itself
+    readme, example = ROOT / "README.md", ROOT / "examples" / "gau_lrq" / "README.md"
+    assert not _exists("docs/nothing" + md, readme, paths, names, written)
+    assert not _exists("docs/report" + md, readme, paths, names, written)  # docs/ is the repository's, not an output
+    assert not _exists("nothing" + md, readme, paths, names, written)
+    assert not _exists("../docs/privacy" + md, example, paths, names, written)  # relative to the citing file
+    assert _exists("privacy.md", readme, paths, names, written)
+    assert _exists("../../docs/privacy" + md, example, paths, names, written)
+    assert _exists("out/README.md", ROOT / "flower_dp" / "reproduce" / "cli.py", paths, names, written)
 
 
 def test_every_md_file_named_exists():
     paths, names = _md_names()
+    written = _written_at_run_time()
+    assert {"report.md", "table.md"} <= written, written
     missing = []
     for source in _files(".py", ".md"):
         for n, line in enumerate(source.read_text(encoding="utf-8").splitlines(), 1):
             for m in MD_REF.finditer(URL.sub(" ", line)):
-                if not _exists(m.group(1), source, paths, names):
+                if not _exists(m.group(1), source, paths, names, written):
                     missing.append(f"{source.relative_to(ROOT)}:{n}: {m.group(1)}")
     assert not missing, "names of .md files that are not in the repository:\n" + "\n".join(missing)
 
