@@ -96,7 +96,7 @@ class DPPSParams(PEDFLParams):
     sensitivity : "estimate" (eq. 22) or "real" (oracle max pairwise L1, Table 2)
     estimator_state : "network_max" (code default) or "own" (eq. 22 literally)
     reset_floor : in a reset round (k = 0 and the round after each sync) contribute at least 2 ||eps_i||_1, so the
-        network S >= 2 max_i ||eps_i||_1 (spec 8 item 5 [decision]: the real sensitivity of equal s_i is
+        network S >= 2 max_i ||eps_i||_1 (the real sensitivity of equal s_i is
         max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1, which the reset value 2 C' max_i ||eps_i||_1 misses
         when C' < 1).  Off by default: the paper's and the code's estimator.
     measure_real : also measure the real sensitivity each round (diagnostic, O(n^2 d_s) at the backend)
@@ -231,7 +231,7 @@ class DPPSNode(PushSumNode):
         pert_l1 = float(pert.abs().sum())
         if self._reset(k):                                                  # eq. (22), init term dropped (3.3)
             self.S_i = 2 * p.c_prime * pert_l1
-            if p.reset_floor:                                               # spec 8.5 safe floor: equal s_i ->
+            if p.reset_floor:                                               # safe floor: equal s_i ->
                 self.S_i = max(self.S_i, 2 * pert_l1)                       # real <= 2 max_i ||eps_i||_1
         else:
             lam_noise = p.lam * p.gamma_n * p.rate(k - 1) * self.L1_prev    # lambda ||gamma_n n||_1, last round

@@ -377,7 +377,7 @@ def lrq_scores(
     Gau-LRQ, Sec. IV).  Each trial's update is 1-D, so L2 clipping to S2 is clipping to [-S2, S2];
     the canary client's raw update is 3 S2.  World 1: the canary's clipped update S2 (present with
     probability q, Poisson sampling); world 0: nothing (``add_remove``, sensitivity S2) or the
-    opposite update -S2 (``replace_one``, sensitivity 2 S2; spec §5).  One message with sigma on the
+    opposite update -S2 (``replace_one``, sensitivity 2 S2).  One message with sigma on the
     sum models B clients' messages: the sum of B independent exact N(0, s^2) errors is N(0, B s^2).
     """
     from .mechanisms.lrq import decode, encode

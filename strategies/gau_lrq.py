@@ -67,7 +67,7 @@ NOISE_TO_CLIP_LIMIT = 10.0
 
 
 class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
-    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API; a drop-in for ``FedAvg``.
+    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (Sec. VII), Message API; a drop-in for ``FedAvg``.
 
     Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
     arguments (FedAvg's ten, positional or keyword, come first in FedAvg's order; GauLRQ's own are keyword-only),

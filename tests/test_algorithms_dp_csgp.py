@@ -1,4 +1,4 @@
-"""DP-CSGP (clients/dp_csgp.py): the spec's 3-node vector, the SGP reduction, exact bits."""
+"""DP-CSGP (clients/dp_csgp.py): a 3-node test vector, the SGP reduction, exact bits."""
 
 from __future__ import annotations
 

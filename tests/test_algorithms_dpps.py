@@ -195,7 +195,7 @@ def _spy_perturbations(nodes) -> dict[int, float]:
 
 @pytest.mark.parametrize("c_prime", [0.78, 1.2])
 def test_reset_floor_raises_reset_rounds_to_twice_the_largest_perturbation(c_prime):
-    """Spec 8.5 [decision] safe floor: in a reset round (k = 0 and the round after each sync, k % 5 == 0) the
+    """Safe floor (ours, off by default): in a reset round (k = 0 and the round after each sync, k % 5 == 0) the
     network S = max(2 C' max_i ||eps_i||_1, 2 max_i ||eps_i||_1); the other rounds keep eq. (22) unchanged."""
     K = 12
     topo, nodes = mlp_nodes("partpsp1", dict(MLP, c_prime=c_prime, reset_floor=True), K=K)
@@ -261,7 +261,7 @@ def _floor_nodes():
 @given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(["independent", "opposite", "disjoint", "one_large"]),
        s_scale=st.sampled_from([0.0, 1e-2, 1.0]), k=st.sampled_from([0, 5]))
 def test_reset_floor_bounds_the_real_sensitivity_of_equal_states(seed, mode, s_scale, k):
-    """Spec 8.5: with every s_i equal (k = 0 from one init, or right after a sync), the real sensitivity
+    """With every s_i equal (k = 0 from one init, or right after a sync), the real sensitivity
     max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1 <= the floored S, for any perturbations: independent,
     pairwise opposite (where 2 C' max ||eps||_1 with C' = 0.78 falls below), disjoint supports (the bound is
     tight), one node far larger.  Tolerance: the float32 rounding of s + eps (2^-23 per coordinate)."""

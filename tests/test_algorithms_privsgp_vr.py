@@ -132,7 +132,7 @@ def test_k_star_and_heterogeneous_budgets():
     k2 = paper.k_star_privsgp_vr([3.0, 1.0], 1e-5, **{**kw, "n_nodes": 2})
     assert plan.num_iters == round(k2) and k_star > 0
     s = [float(v[0]) for v in plan.noise_std]
-    # eq. (11): sigma_i proportional to 1/eps_i at one K; independent of the block size b (spec 8.6)
+    # eq. (11): sigma_i proportional to 1/eps_i at one K; independent of the block size b
     np.testing.assert_allclose(s[1] / s[0], 3.0, rtol=1e-9)
     np.testing.assert_allclose(s[0], paper.paper_sigma_privsgp_vr(3.0, 1e-5, num_iters=plan.num_iters, J=3125,
                                                                    G=10.0, c2=0.3724), rtol=1e-9)

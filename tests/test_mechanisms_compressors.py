@@ -60,7 +60,7 @@ def test_rand_a_mask_properties():
     nz = q != 0
     assert int(nz.sum()) == 750
     assert torch.equal(q[nz], x[nz])
-    assert make_compressor("rand_0.75").omega2(10) == pytest.approx(0.3)  # spec 3.4: d=10, k=7
+    assert make_compressor("rand_0.75").omega2(10) == pytest.approx(0.3)  # d=10, k=7
     _, ratio = _errors(make_compressor("rand_0.5"), _x(), 400)
     assert float(ratio.mean()) == pytest.approx(0.5, abs=0.01)
     assert not comp.unbiased
@@ -70,7 +70,7 @@ def test_gsgd_levels_and_exact_error():
     """Levels are integers in [0, s], signs match, and the MC error matches (||x||/s)^2 sum p(1-p) (7.1)."""
     x = _x(1)
     norm = float(x.norm())
-    for b, ref_ratio, bound in [(2, 11.5, 15.8), (4, 2.13, 3.95), (8, 0.0102, 0.061)]:  # spec 7.1 references
+    for b, ref_ratio, bound in [(2, 11.5, 15.8), (4, 2.13, 3.95), (8, 0.0102, 0.061)]:  # reference values
         comp = GSGD(b)
         s = 2 ** (b - 1)
         assert comp.omega2(D) == pytest.approx(bound, rel=0.01)

@@ -129,14 +129,14 @@ def privsgp_vr_calibration(
       per-record unit is ``C = G / b`` and ``nu = noise_std / C``.
     - PrivSGP-VR releases ``h - T[blk] + avg``.  When the target's block is drawn, ``h - T[blk]`` moves
       by up to ``4G / b`` (unit ``C = 2G / b``); the table average ``avg`` moves by up to
-      ``2G / (b n_blocks)`` at *every* step, drawn or not (spec 8.4).  The noise is split (validly) into
+      ``2G / (b n_blocks)`` at *every* step, drawn or not.  The noise is split (validly) into
       a sampled part with variance share ``1 - a`` (``nu``) and an always-present part with share ``a``
       (``nu_always``, unit ``G / (b n_blocks)``), ``a`` chosen on public values to minimise eps.
 
     ``sampling="poisson"`` (DP2-SGD, A(DP)2SGD: Poisson batches of expected size ``block`` = B,
     ``q = B / J``, unit ``C = G / B``, add/remove by default).
 
-    ``paper`` uses eq. (11) (``c2`` required; the formula is independent of b, spec 8.6).
+    ``paper`` uses eq. (11) (``c2`` required; the formula is independent of b).
     ``noise_std`` given: that std (> 0), split and accounted the same way (``eps_paper`` is nan).
     """
     check_choice("calibration", calibration, CALIBRATIONS)

@@ -149,7 +149,7 @@ def calibrate_party_scale(party: str, shape: np.ndarray, epsilon: float, delta: 
 def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N: int, tau: float = 1.0,
                      calibration: str = "rigorous", noise_multiplier: float | None = None,
                      party: str | None = None, per_client_keys: bool = False) -> Schedule:
-    """Noise multipliers z_k for K rounds (spec §5.3, §6.2-6.3), charged to ``party`` (:mod:`.parties`; default
+    """Noise multipliers z_k for K rounds (fixed, or eqs. 17-18), charged to ``party`` (:mod:`.parties`; default
     ``"model_observer"``, the paper's adversary).
 
     - ``noise_multiplier`` given: constant z (budget-stop mode; the budget decides the rounds).
@@ -183,5 +183,5 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
     warn = ()
     if noise_multiplier is None and eps_r > epsilon * 1.001:
         warn = (f"paper calibration: the rigorous client-level eps of this schedule for party {party!r} is "
-                f"{eps_r:.4g}, above the target {epsilon} (the closed form is not a valid bound, spec §5.2)",)
+                f"{eps_r:.4g}, above the target {epsilon} (the closed form is not a valid bound)",)
     return Schedule(z, B, N, eps_r, paper.paper_eps_gau_lrq(z, delta, B=B, N=N), warn, party, bool(per_client_keys))
