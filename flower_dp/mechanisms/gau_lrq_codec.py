@@ -412,7 +412,7 @@ def public_bits(spec: "RoundSpec", d: int) -> float:
 
 
 def bq_levels(sigma: float, clip: float, bits: int) -> tuple[int, int]:
-    """BQ-SGD's (s, m) (the paper gives no rule): largest s >= 2 with ``s + m <= 2^b``, ``m = ceil(sigma^2 (s-1)^2 / S2^2)``.
+    """BQ-SGD's (s, m): largest s >= 2 with ``s + m <= 2^b``, ``m = ceil(sigma^2 (s-1)^2 / S2^2)`` (our rule).
 
     Noise variance per coordinate ``m dq^2 / 4`` with ``dq = 2 S2 / (s-1)`` is then >= sigma^2
     (a Gaussian approximation of the binomial mechanism, not a rigorous DP proof).
