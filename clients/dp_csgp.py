@@ -97,7 +97,7 @@ def prepare_dp_csgp(p: DPCSGPParams, *, n_nodes: int, samples_per_node, num_iter
                      ">= 1): the gossip may diverge; use a bucketed or rescaled gsgd")
     if p.gamma_c == 1 and comp.omega2(dim) >= 0.5:
         notes.append(f"gamma_c = 1 with omega^2 = {comp.omega2(dim):.3g}: rand_0.5 and stronger diverge at gamma_c = 1 "
-                     "in the spec's simulations (8.1); try gamma_c = 0.5 (rand_0.5) or 0.1 (rand_0.1)")
+                     "in simulations; try gamma_c = 0.5 (rand_0.5) or 0.1 (rand_0.1)")
     if p.nonprivate:
         return nonprivate_plan("dp_csgp", p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, dim=dim, seed=seed,
                                batch_size=p.batch_size, warnings=tuple(notes))

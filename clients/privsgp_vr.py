@@ -14,10 +14,10 @@ gamma                    ``params.lr``
 =======================  ============================================================
 
 Blocks: the local data is split once (stream (seed, node, "init", 0)) into J // b fixed
-blocks of b samples (the remainder is dropped, 8.15), and one block is drawn uniformly per step.
-That is fixed-size sampling, accounted as such under replace-one adjacency (q = 1 / (J // b); the
-spec's decision to charge Poisson q = b/J at sensitivity G/b understated eps about 12x on the ci
-Fig. 9 run): PrivSGP's block mean moves by 2G/b; PrivSGP-VR's ``h - T[blk]`` by 4G/b when the block
+blocks of b samples (the remainder is dropped), and one block is drawn uniformly per step.
+That is fixed-size sampling, accounted as such under replace-one adjacency (q = 1 / (J // b); charging
+Poisson q = b/J at sensitivity G/b would understate eps about 12x on the ci Fig. 9 run): PrivSGP's
+block mean moves by 2G/b; PrivSGP-VR's ``h - T[blk]`` by 4G/b when the block
 is drawn and its table average by 2G/(b J//b) at every step, charged as a second, non-sampled
 Gaussian (``privsgp_vr_calibration``).  PrivSGP is the same node without the table (g = h).
 DP2-SGD / A(DP)2SGD (the paper's comparison baselines): D-PSGD plus noise on a doubly stochastic W; the

@@ -337,7 +337,7 @@ def shared_parameter_names(model: nn.Module | str, split: str, module: nn.Module
     split : str
         ``"partpsp1"`` / ``"partpsp2"`` (the PartPSP paper: MLP d_s = 7,850 / 16,474;
         torchvision ResNet-18 d_s = 157,504 / 683,072), ``"all"`` (SGPDP / SGP: every
-        parameter, the spec's decision) or ``"all_but_head"`` (every parameter except the
+        parameter, our choice) or ``"all_but_head"`` (every parameter except the
         last Linear layer, the code's "full" variant offered as an option).
 
     Returns

@@ -82,7 +82,7 @@ def test_gsgd_levels_and_exact_error():
         exact = float((norm / s) ** 2 * (p * (1 - p)).sum()) / norm**2
         _, ratio = _errors(comp, x, 300)
         assert float(ratio.mean()) == pytest.approx(exact, rel=0.05)
-        assert exact == pytest.approx(ref_ratio, rel=0.15)  # spec's seed-dependent reference values
+        assert exact == pytest.approx(ref_ratio, rel=0.15)  # seed-dependent reference values
 
 
 def test_gsgd_worked_example():

@@ -213,7 +213,7 @@ def test_privsgp_vr_without_replacement_and_blocks():
     8.6: with blocks of b the paper sigma is unchanged and nu = sigma b / (3G)."""
     swor = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, accountant="rdp", adjacency="replace_one",
                                   sampling="without_replacement", vr=False)
-    # the spec's z* (RDP for sampling without replacement, the one RDP bound proven for this sampler) meets eps = 3
+    # z* (RDP for sampling without replacement, the one RDP bound proven for this sampler) meets eps = 3
     assert swor.noise_multiplier == pytest.approx(2 * 0.5548, rel=2e-4) and 2.99 <= swor.eps_rigorous <= 3.0
     with pytest.raises(ValueError, match="replace_one"):
         privsgp_vr_calibration(3.0, 1e-5, num_iters=10, J=100, G=10, adjacency="add_remove")

@@ -2,7 +2,7 @@
 
 For each target the paper-scale specs build, every push-sum config passes the experiment config validator
 (every Gau-LRQ config names only parameters of ``run_gau_lrq``), no run uses a ResNet/ViT, and the key values
-are the spec's: n, K (rounds / iterations), batch, learning rate, the eps grid and the seeds.
+are the paper's: n, K (rounds / iterations), batch, learning rate, the eps grid and the seeds.
 """
 
 from __future__ import annotations

@@ -271,7 +271,7 @@ def laplace_noise(
     d : int
         Length of the vector (>= 0).
     scale : float
-        Laplace scale ``b`` (>= 0; the DPPS spec's ``S/b``).  0 returns zeros and draws nothing.
+        Laplace scale ``b`` (>= 0; DPPS's ``S/b``).  0 returns zeros and draws nothing.
     generator : torch.Generator
 
     Returns

@@ -11,7 +11,7 @@ sampling without replacement, whichever is smaller.
 
 At the paper's MNIST setting (z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5) this is 51.23 (the
 pair itself, composed in each order, attains 50.42: a lower bound); RDP's bound for sampling without
-replacement gives 290.5, and the "Poisson approximation" of the spec's table (12.2) is not a bound for
+replacement gives 290.5, and a "Poisson approximation" table (12.2) is not a bound for
 this sampler at all.
 
 That number is the eps of one party, the observer of the released global models (the paper's adversary);

@@ -49,7 +49,7 @@ def k_star_privsgp_vr(
 ) -> float:
     """PrivSGP-VR eq. (12): ``K* = A J^2 n / (216 L d c2^2 G^2 S)``, ``S = sum_i log(1/delta_i) / eps_i^2``.
 
-    Real-valued; the spec's DECISION is to use ``round(K*)``.
+    Real-valued; runs use ``round(K*)``.
     """
     n_nodes, J = check_int("n_nodes", n_nodes, minimum=1), check_int("J", J, minimum=1)
     for name, v in (("A", A), ("L", L), ("G", G), ("c2", c2)):
