@@ -17,6 +17,9 @@ SKIP = {".venv", ".git", "runs", "node_modules", "__pycache__", "build", "dist"}
 #: names of planning notes that are not part of the repository
 _NOTES = "|".join(rf"{n}\.md" for n in ("DESIGN", "COMMON", "STYLE"))
 NOT_SHIPPED = re.compile(r"\b(" + _NOTES + "|shared" + r"/specs)\b")
+#: a section of those notes (a section number after the word, or "the ...'s defaults"): the reader cannot look it up
+_SPEC = "[Ss]" + "pec"
+SPEC_SECTION = re.compile(rf"\b{_SPEC}('s)? §?\d|\bthe {_SPEC}'s\b|\s\({_SPEC}\)")
 #: a ``.md`` file name or relative path, not part of a URL (``://`` before it) and not a longer word
 MD_REF = re.compile(r"(?<![\w./:-])((?:\.{1,2}/)?(?:[\w.-]+/)*[\w.-]+\.md)\b")
 URL = re.compile(r"[a-z][a-z0-9+.-]*://\S+", re.IGNORECASE)
@@ -58,6 +61,13 @@ def _exists(ref: str, source: Path, paths: set[str], names: set[str], written: s
 def test_the_pattern_finds_names_and_paths_and_skips_urls():
     text = "see docs/privacy.md and (architecture.md), not https://x.org/a/README.md nor my_file.mdx"
     assert [m.group(1) for m in MD_REF.finditer(URL.sub(" ", text))] == ["docs/privacy.md", "architecture.md"]
+    spec = "sp" + "ec"
+    for cited in (f"({spec} 4.3)", f"{spec} §5.2", f"the {spec}'s defaults", f"Sp{spec[2:]} 10.1:",
+                  f"defaults ({spec})"):
+        assert SPEC_SECTION.search(cited), cited
+    for fine in ("plan_spec(spec)", "bytes(spec)", f"this {spec}'s config_sha", "module_from_spec(spec)",
+                 f"the relay {spec}'s device"):
+        assert not SPEC_SECTION.search(fine), fine
     paths, names = _md_names()
     written = _written_at_run_time()
     md = ".md"  # spelled apart, so that this file names no missing file itself
@@ -87,7 +97,8 @@ def test_every_md_file_named_exists():
 def test_no_reference_to_the_planning_notes():
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()[:120]}"
              for p in _files(".py", ".md", ".toml", ".sh")
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if NOT_SHIPPED.search(line)]
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if NOT_SHIPPED.search(line) or SPEC_SECTION.search(line)]
     assert not found, "cites files that do not ship (say what the reader needs instead):\n" + "\n".join(found)
 
 
