@@ -1,7 +1,7 @@
 """Accounting cost: rigorous eps of a long dynamic (Dyn-D2P) noise schedule.
 
 The schedule is Dyn-D2P's ``dyn`` variant (``mu_k = mu_0 rho^(k/K)``, every step a distinct
-noise level; dyn-d2p.md eq. 6-9, paper calibration, so that building it costs one accountant
+noise level; Dyn-D2P eqs. 6-9, paper calibration, so that building it costs one accountant
 call).  Two lengths:
 
 - 3,000 steps (``accounting_seconds_3000``, ``accounting_eps_rel_diff``): seconds for

@@ -1,4 +1,4 @@
-"""LRQ codec cost and bytes on the wire (Gau-LRQ, gau-lrq.md 3 and 12).
+"""LRQ codec cost and bytes on the wire (Gau-LRQ, Sec. IV).
 
 Codec ratio: ``encode + decode`` of ``d`` coordinates divided by drawing the same shared
 random numbers alone, once (one side: per 2^20-coordinate Philox chunk all of z ~ N(0,1), then
@@ -17,7 +17,7 @@ mod ``flower_dp.clients.lrq_mod`` around a training function -> ``GauLRQ.aggrega
 and the bytes of each client's reply ``Message`` as Flower's transport ships it (all its
 content-addressed objects, each deflated, as ``push_objects`` sends them; the one-shot protobuf
 ``message_to_proto`` size is reported beside it), summed over the round, divided by the algorithmic
-bits / 8 (spec §12: ``d * ceil(log2 levels) + 32`` per client, :func:`lrq_message_bits`).
+bits / 8 (``d * ceil(log2 levels) + 32`` per client, :func:`lrq_message_bits`).
 """
 
 from __future__ import annotations
@@ -315,6 +315,6 @@ def run_wire(quick: bool = False) -> dict:
         "downlink_bytes_per_client": downlink,
         "round_s": round(round_s, 2),
         "note": "replies of GauLRQ.configure_train -> lrq_mod -> (aggregate_train decodes them), as Flower ships them "
-                "(sum of deflated nested objects); algorithmic = spec 12 fixed-length bits d*ceil(log2 levels)+32",
+                "(sum of deflated nested objects); algorithmic = fixed-length bits d*ceil(log2 levels)+32",
         "quick": bool(quick),
     }

@@ -8,8 +8,9 @@ and is therefore not imported here: :mod:`.push_sum_app` (ClientApp builder for 
 ClientApp module imports neither torch nor the algorithms; on the deployment engine it keeps each SuperNode's node
 in a persistent process.
 
-The names below load on first use (PEP 562), so that importing a light submodule (:mod:`.push_sum_app`, which a
-``flwr-clientapp`` process imports for every message) does not import torch.
+The names below (among them :mod:`.push_sum_app`'s :func:`make_client_app`, :func:`model_builder`,
+:func:`plan_spec` and :func:`spec_from_config`) load on first use (PEP 562), so that importing a light submodule
+(:mod:`.push_sum_app`, which a ``flwr-clientapp`` process imports for every message) does not import torch.
 """
 
 from __future__ import annotations
@@ -29,10 +30,14 @@ _LAZY = {
     "param_names": ("registry", "param_names"),
     "prepare": ("registry", "prepare"),
     "topology_for": ("registry", "topology_for"),
+    "make_client_app": ("push_sum_app", "make_client_app"),
+    "model_builder": ("push_sum_app", "model_builder"),
+    "plan_spec": ("push_sum_app", "plan_spec"),
+    "spec_from_config": ("push_sum_app", "spec_from_config"),
 }
 
 __all__ = ["registry", "Plan", "PushSumNode", "ALGORITHMS", "prepare", "make_node", "ablate", "topology_for",
-           "param_names", "adp2_matching"]
+           "param_names", "adp2_matching", "make_client_app", "model_builder", "plan_spec", "spec_from_config"]
 
 
 def __getattr__(name: str) -> Any:

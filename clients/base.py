@@ -1,6 +1,6 @@
 """The push-sum node base class and the stages every algorithm's node shares.
 
-COMMON.md section 2: a node is driven by ``flower_dp.gossip`` through ``setup()``,
+A node is driven by ``flower_dp.gossip`` through ``setup()``,
 ``contribute(k)``, ``local_step(k, reduced)`` and ``mix(inbox)``.  This module holds what
 every algorithm shares: the flat state ``(x, w)``, Poisson sampling keyed by
 ``(key, node, "data", k)`` (``key``: the node's secret, or the seed in reproducible mode;
@@ -37,7 +37,7 @@ from .plan import HEURISTIC_NOTE, NoiseRelease, Plan, ablate, validate_params
 
 __all__ = ["Plan", "NoiseRelease", "PushSumNode", "DPSGDNode", "validate_params", "ablate", "FLOAT_BITS", "torch_generator", "HEURISTIC_NOTE"]
 
-#: Bits per float32 on the wire (COMMON.md 5.10 cost model).
+#: Bits per float32 on the wire (the cost model: self-shares cost 0 bits).
 FLOAT_BITS = 32
 
 
@@ -275,7 +275,7 @@ class PushSumNode:
 
     def push_shares(self, k: int, tensors: dict[str, torch.Tensor], weight: float | None,
                     payload_bits: int, weights: dict[int, float] | None = None) -> list[Share]:
-        """Sender-scaled shares for the out-neighbours plus self (COMMON.md 2.1).
+        """Sender-scaled shares for the out-neighbours plus self.
 
         ``payload_bits`` is the cost of the tensors of one message; the push-sum weight adds
         32 bits when present; the self-share costs 0.
@@ -373,7 +373,7 @@ class PushSumNode:
 
 
 class DPSGDNode(PushSumNode):
-    """D-PSGD-type node (COMMON.md F8): the gradient step is taken at the node's own pre-mix x and
+    """D-PSGD-type node: the gradient step is taken at the node's own pre-mix x and
     applied after mixing, ``x = sum_j W[i,j] x_j - pending``; needs a doubly stochastic W, no weight.
 
     Subclasses set ``self.pending`` in ``local_step`` (DP2-SGD, A(DP)2SGD, PEDFL).

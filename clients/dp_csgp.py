@@ -1,8 +1,8 @@
-"""DP-CSGP: differentially private compressed stochastic gradient push (spec ``specs/dp-csgp.md``).
+"""DP-CSGP: differentially private compressed stochastic gradient push (Zhu et al.).
 
-The paper mixes before stepping; COMMON.md 2.2 re-phases it to step -> mix (identical
+The paper mixes before stepping; this module re-phases it to step -> mix (identical
 trajectory) with the paper's first exchange (t = 1, where Q(0) = 0) done locally in ``setup``.
-Symbols (DP-CSGP t = k + 1; COMMON.md 6 #2):
+Symbols (DP-CSGP t = k + 1; docs/symbols.md):
 
 ===============================  ===================================================
 paper                            code
@@ -41,7 +41,7 @@ __all__ = ["DPCSGPParams", "DPCSGPNode", "prepare_dp_csgp"]
 
 @dataclass(frozen=True)
 class DPCSGPParams(SGPParams):
-    """DP-CSGP hyperparameters (dp-csgp.md 3, 4.3, 8.1).
+    """DP-CSGP hyperparameters (Algorithm 1, Proposition 2).
 
     lr : eta;  batch_size : B (Poisson q = B/J);  G : per-sample L2 clip bound
     compressor : "identity", "rand_<a>", "gsgd_<b>[_bucket<m>][_rescale]", "topk_<f>"
@@ -94,10 +94,10 @@ def prepare_dp_csgp(p: DPCSGPParams, *, n_nodes: int, samples_per_node, num_iter
     notes = []
     if not comp.contractive(dim):
         notes.append(f"compressor {p.compressor} is not contractive at d = {dim} (omega^2 = {comp.omega2(dim):.3g} "
-                     ">= 1): the gossip may diverge; use a bucketed or rescaled gsgd (dp-csgp.md 8.1)")
+                     ">= 1): the gossip may diverge; use a bucketed or rescaled gsgd")
     if p.gamma_c == 1 and comp.omega2(dim) >= 0.5:
         notes.append(f"gamma_c = 1 with omega^2 = {comp.omega2(dim):.3g}: rand_0.5 and stronger diverge at gamma_c = 1 "
-                     "in the spec's simulations (8.1); try gamma_c = 0.5 (rand_0.5) or 0.1 (rand_0.1)")
+                     "in simulations; try gamma_c = 0.5 (rand_0.5) or 0.1 (rand_0.1)")
     if p.nonprivate:
         return nonprivate_plan("dp_csgp", p, n_nodes=n_nodes, samples_per_node=J, num_iters=K, dim=dim, seed=seed,
                                batch_size=p.batch_size, warnings=tuple(notes))
@@ -124,12 +124,12 @@ def prepare_dp_csgp(p: DPCSGPParams, *, n_nodes: int, samples_per_node, num_iter
 
 
 class DPCSGPNode(PushSumNode):
-    """One DP-CSGP node (CHOCO-style error feedback + push-sum weights), COMMON.md 2.2."""
+    """One DP-CSGP node (CHOCO-style error feedback + push-sum weights)."""
 
     def __init__(self, plan: Plan, **kw) -> None:
         super().__init__(plan, **kw)
         if not self.topology.static:
-            raise ValueError(f"dp_csgp needs a static topology (receivers keep per-sender state, COMMON.md F5), got "
+            raise ValueError(f"dp_csgp needs a static topology (receivers keep per-sender state), got "
                              f"{self.topology.name!r} with period {self.topology.period}; use exp_all_hops or a ring")
         self.compressor = make_compressor(self.params.compressor)
         gc, i = float(self.params.gamma_c), self.node_id
@@ -158,7 +158,7 @@ class DPCSGPNode(PushSumNode):
         self.check_k(k)
         if not self._ready:
             raise RuntimeError(f"node {self.node_id}: call setup() before local_step (DP-CSGP's first exchange "
-                               "happens there, COMMON.md F4), got local_step first")
+                               "happens there), got local_step first")
         i, B = self.node_id, self.params.batch_size
         clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)                                           # line 9

@@ -1,9 +1,9 @@
-"""DPPS / PartPSP / SGPDP (spec ``specs/dpps-partpsp.md``) and the PEDFL approximation.
+"""DPPS / PartPSP / SGPDP (Zhou, Xue, Chen) and the PEDFL approximation.
 
 Perturbed push-sum: Laplace noise is added to the shared *state* (not only to messages),
 scaled by a network-wide sensitivity estimate (eq. 22) or the oracle real sensitivity.
 Requires doubly stochastic P^k (the sensitivity lemma); sync rounds are a topology
-(``with_sync``, COMMON.md F3) and the estimator resets at ``k % sync_period == 0``.
+(``with_sync``) and the estimator resets at ``k % sync_period == 0``.
 
 ===========================  ==============================================================
 paper symbol                 code
@@ -89,14 +89,14 @@ class PEDFLParams(SGPParams):
 
 @dataclass(frozen=True)
 class DPPSParams(PEDFLParams):
-    """PartPSP / SGPDP hyperparameters (dpps-partpsp.md 3-4).
+    """PartPSP / SGPDP hyperparameters (the paper's Algorithms 1-2).
 
     lr_l : gamma_l (local head);  c_prime, lam : estimator constants C', lambda (tuned, 3.3)
     split : "partpsp1" | "partpsp2" | "all" (SGPDP);  model_name : for ``shared_parameter_names``
     sensitivity : "estimate" (eq. 22) or "real" (oracle max pairwise L1, Table 2)
     estimator_state : "network_max" (code default) or "own" (eq. 22 literally)
     reset_floor : in a reset round (k = 0 and the round after each sync) contribute at least 2 ||eps_i||_1, so the
-        network S >= 2 max_i ||eps_i||_1 (spec 8 item 5 [decision]: the real sensitivity of equal s_i is
+        network S >= 2 max_i ||eps_i||_1 (the real sensitivity of equal s_i is
         max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1, which the reset value 2 C' max_i ||eps_i||_1 misses
         when C' < 1).  Off by default: the paper's and the code's estimator.
     measure_real : also measure the real sensitivity each round (diagnostic, O(n^2 d_s) at the backend)
@@ -130,7 +130,7 @@ def _laplace_plan(name: str, p: PEDFLParams, *, n_nodes, samples_per_node, num_i
     J = tuple(int(j) for j in samples_per_node)
     private = p.gamma_n > 0
     notes = ["DPPS-family privacy is HEURISTIC: the sensitivity is estimated (or an oracle) and published in "
-             "the clear; eps is per node-message, not record-level (COMMON.md 4)"]
+             "the clear; eps is per node-message, not record-level"]
     gamma = float(p.gamma_n) * np.array([p.rate(k) for k in range(K)])  # noise rate per round (step decay)
     if private:
         acc = dpps_accounting(p.b, gamma, p.delta, accountant=p.accountant)
@@ -158,14 +158,14 @@ def prepare_dpps(name: str, p: DPPSParams, **kw) -> Plan:
 
 
 def prepare_pedfl(p: PEDFLParams, **kw) -> Plan:
-    """Plan for PEDFL (approximation, dpps-partpsp.md 4.4 DECISION): oracle sensitivity only."""
+    """Plan for PEDFL (an approximation: the paper does not specify it): oracle sensitivity only."""
     return _laplace_plan("pedfl", p, **kw)
 
 
 def _check_doubly(node: PushSumNode) -> None:
     if not node.topology.doubly_stochastic:
         raise ValueError(f"{node.plan.algorithm} needs a doubly stochastic topology (sensitivity lemma), got "
-                         f"{node.topology.name!r}; use d_out, exp_one_peer, a ring or complete (COMMON.md 6 #5)")
+                         f"{node.topology.name!r}; use d_out, exp_one_peer, a ring or complete")
 
 
 def _l1_clip(g: torch.Tensor, c: float) -> torch.Tensor:
@@ -231,7 +231,7 @@ class DPPSNode(PushSumNode):
         pert_l1 = float(pert.abs().sum())
         if self._reset(k):                                                  # eq. (22), init term dropped (3.3)
             self.S_i = 2 * p.c_prime * pert_l1
-            if p.reset_floor:                                               # spec 8.5 safe floor: equal s_i ->
+            if p.reset_floor:                                               # safe floor: equal s_i ->
                 self.S_i = max(self.S_i, 2 * pert_l1)                       # real <= 2 max_i ||eps_i||_1
         else:
             lam_noise = p.lam * p.gamma_n * p.rate(k - 1) * self.L1_prev    # lambda ||gamma_n n||_1, last round

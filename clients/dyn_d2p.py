@@ -1,7 +1,7 @@
-"""Dyn-D2P: dynamic differentially private decentralized learning (Zhu et al.; spec ``specs/dyn-d2p.md``).
+"""Dyn-D2P: dynamic differentially private decentralized learning (Zhu et al.).
 
 Every variant is SGP (``sgp.SGPNode``) with a per-iteration table ``(C_k, sigma_k)``
-computed once at config time, identically for every node (dyn-d2p.md 3.1-3.7):
+computed once at config time, identically for every node (Algorithms 1-5):
 
 ==========  ===================  ========================  ===============================
 variant     C_k                  mu_k                      solve
@@ -15,7 +15,7 @@ nonprivate  none                 none                      none
 ==========  ===================  ========================  ===============================
 
 Symbols: ``sigma_k = C_k / mu_k`` is the std on the SUM of clipped gradients (paper); the plan
-stores the std on the batch MEAN, ``sigma_k / B`` (COMMON.md 6 #7).  ``p = q = B / J`` (3.8).
+stores the std on the batch MEAN, ``sigma_k / B`` (docs/symbols.md).  ``p = q = B / J``.
 Privacy: per k a ``PoissonSampled(q, Gaussian(nu_k = sigma_k / C_k))`` event, charged in
 ``local_step``; ``adjacency="replace_one"`` doubles the sensitivity (f = 2, 4.1).
 """
@@ -40,7 +40,7 @@ __all__ = ["DynD2PParams", "DynD2PNode", "prepare_dyn_d2p", "DYN_VARIANTS"]
 
 @dataclass(frozen=True)
 class DynD2PParams(SGPParams):
-    """Dyn-D2P hyperparameters (dyn-d2p.md 3.7, 8 #15 defaults).
+    """Dyn-D2P hyperparameters (Algorithms 1-5).
 
     variant : one of DYN_VARIANTS
     epsilon, delta : per-node record-level budget
@@ -101,7 +101,7 @@ class DynD2PParams(SGPParams):
 
 
 def _general_schedule(p: DynD2PParams, q: float, K: int):
-    """``general`` (dyn-d2p.md 3.2): C_k and sigma_k = s * shape_k; s from eq. (10) or a PLD solve."""
+    """``general`` (Algorithm 2): C_k and sigma_k = s * shape_k; s from eq. (10) or a PLD solve."""
     clip = np.asarray(p.clip_schedule, dtype=float)
     shape = np.asarray(p.noise_shape, dtype=float)
     if clip.shape != (K,) or shape.shape != (K,) or (clip <= 0).any() or (shape <= 0).any():

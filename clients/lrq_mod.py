@@ -1,13 +1,13 @@
 """Client side of Gau-LRQ as a Flower mod: the user's training code does not change.
 
-Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1 client lines), §2.3-2.4 (shared randomness, trust).
+Gau-LRQ paper (arXiv:2312.07060): Alg. 1's client lines; shared randomness and trust as in its Sec. IV-B.
 The mod wraps ``call_next``: it remembers the weights the server sent, lets the user's ClientApp
 train, takes ``Delta = theta_{k,Q} - theta_k`` (flattened in the ArrayRecord's key order), clips it
 to S2 (Eq. 10), encodes it with the method the server asked for (LRQ: Eq. 11, stream keyed by
 (this client's own key, round, partition id)) and replaces the reply's weights by the bit-packed integer
 message plus its public metadata.  Only :class:`flower_dp.strategies.gau_lrq.GauLRQ` can read it.
 
-What leaves the client (DESIGN.md "Privacy: tell the truth")
+What leaves the client (docs/privacy.md)
 -----------------------------------------------------------
 The encoded update, its public metadata (in ``META_KEY``: the decoding parameters, the partition id
 that selects the key (fixed width), and the message's bit count, :data:`RELEASED_STATS`, fixed by the public round spec

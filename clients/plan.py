@@ -268,7 +268,7 @@ def validate_params(cls: type, params: dict[str, Any], algorithm: str) -> Any:
 def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
     """The plan with its noise (``noise=True``) and/or clipping (``clip=True``) switched off.
 
-    For reductions and tests (COMMON.md 5 invariant 5).  Without noise nothing is charged and
+    For reductions and tests (every algorithm is SGP at noise 0, clip inf).  Without noise nothing is charged and
     eps is reported as inf.  DPPS: noise off means gamma_n = 0.
     """
     K = plan.num_iters

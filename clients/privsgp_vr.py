@@ -1,6 +1,6 @@
-"""PrivSGP-VR (arXiv 2405.02638; spec ``specs/privsgp-vr.md``), PrivSGP, DP2-SGD and A(DP)2SGD.
+"""PrivSGP-VR (arXiv 2405.02638), PrivSGP, DP2-SGD and A(DP)2SGD.
 
-PrivSGP-VR, block SAGA (privsgp-vr.md 3.1 and DECISION 8.6), node i:
+PrivSGP-VR, block SAGA (Algorithm 1, with blocks of b samples), node i:
 
 =======================  ============================================================
 paper symbol             code
@@ -14,13 +14,13 @@ gamma                    ``params.lr``
 =======================  ============================================================
 
 Blocks: the local data is split once (stream (seed, node, "init", 0)) into J // b fixed
-blocks of b samples (the remainder is dropped, 8.15), and one block is drawn uniformly per step.
-That is fixed-size sampling, accounted as such under replace-one adjacency (q = 1 / (J // b); the
-spec's decision to charge Poisson q = b/J at sensitivity G/b understated eps about 12x on the ci
-Fig. 9 run): PrivSGP's block mean moves by 2G/b; PrivSGP-VR's ``h - T[blk]`` by 4G/b when the block
+blocks of b samples (the remainder is dropped), and one block is drawn uniformly per step.
+That is fixed-size sampling, accounted as such under replace-one adjacency (q = 1 / (J // b); charging
+Poisson q = b/J at sensitivity G/b would understate eps about 12x on the ci Fig. 9 run): PrivSGP's
+block mean moves by 2G/b; PrivSGP-VR's ``h - T[blk]`` by 4G/b when the block
 is drawn and its table average by 2G/(b J//b) at every step, charged as a second, non-sampled
 Gaussian (``privsgp_vr_calibration``).  PrivSGP is the same node without the table (g = h).
-DP2-SGD / A(DP)2SGD (3.3, COMMON.md 2.2): D-PSGD plus noise on a doubly stochastic W; the
+DP2-SGD / A(DP)2SGD (the paper's comparison baselines): D-PSGD plus noise on a doubly stochastic W; the
 gradient is taken at the node's own x, the pre-step model is sent (``weight=None``) and
 ``mix`` subtracts the pending step.  A(DP)2SGD runs on :func:`adp2_matching`.
 """
@@ -109,7 +109,7 @@ class _ADP2Matchings:
 
 
 def adp2_matching(n: int):
-    """A(DP)2SGD's synchronous simulation (privsgp-vr.md 3.3 DECISION): ring-edge matchings alternating
+    """A(DP)2SGD's synchronous simulation (the paper does not specify it): ring-edge matchings alternating
     between the even edges {(0,1),(2,3),...} (k even) and the odd edges {(1,2),(3,4),...} (k odd);
     matched pairs average 1/2-1/2, an unmatched node keeps itself.  Doubly stochastic, period 2."""
     from flower_dp.topology import from_matrix
@@ -228,7 +228,7 @@ class PrivSGPVRNode(PushSumNode):
         self.check_k(k)
         if not self._ready:
             raise RuntimeError(f"node {self.node_id}: call setup() before local_step (PrivSGP-VR fills its table "
-                               "at x^0 there, privsgp-vr.md 8.19), got local_step first")
+                               "at x^0 there), got local_step first")
         i, b = self.node_id, self.params.batch_size
         clip = float(self.plan.clip[i][k])
         blk = int(numpy_rng(self._private_key, i, "data", k).integers(self.n_blocks))  # step 1: xi ~ U (private)
@@ -256,7 +256,7 @@ class PrivSGPVRNode(PushSumNode):
 
 
 class DP2SGDNode(DPSGDNode):
-    """DP2-SGD (D-PSGD + Gaussian noise, COMMON.md 2.2): needs a doubly stochastic W; no push-sum weight."""
+    """DP2-SGD (D-PSGD + Gaussian noise): needs a doubly stochastic W; no push-sum weight."""
 
     def local_step(self, k: int, reduced: dict | None = None) -> list[Share]:
         self.check_k(k)
@@ -264,7 +264,7 @@ class DP2SGDNode(DPSGDNode):
         clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)
         g_noisy, stats, std = self.private_gradient(k, self.x, idx, B, clip)  # at the node's OWN x (pre-mix)
-        self.pending = self.params.lr * g_noisy                    # applied after mixing (COMMON.md F8)
+        self.pending = self.params.lr * g_noisy                    # applied after mixing
         self.check_finite_(self.pending, "gradient step", k)
         self._metrics = {**stats, "noise_std": std, "clip": clip}
         return self.push_shares(k, {"x": self.x}, None, FLOAT_BITS * self.x.numel())

@@ -6,7 +6,7 @@ Contract with the runners (in-process, Ray, relay):
     Validates ``params`` (unknown keys -> ConfigError listing all of them and the valid
     ones), does the privacy calibration (schedules, sigma, K*, eps_rigorous / eps_paper per
     node, warnings; the DPPS family: eps_heuristic, eps_rigorous None) and, when ``budget_epsilon``
-    is set, truncates K before the budget would be exceeded (COMMON.md 2.3 "Budget hard stop": a
+    is set, truncates K before the budget would be exceeded (a
     pre-flight truncation; on the heuristic eps for the DPPS family, and the plan's warning says so).
 ``topology_for(plan, base) -> Topology``
     The topology the algorithm must run on (DPPS family: ``with_sync``; A(DP)2SGD: its

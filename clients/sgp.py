@@ -1,10 +1,10 @@
 """Stochastic Gradient Push (SGP, Assran et al. 2019, arXiv 1811.10792) and its Gaussian-DP form.
 
-The reference push-sum algorithm of COMMON.md 2.2 and the node the whole Gaussian
+The reference push-sum algorithm and the node the whole Gaussian
 "SGP + per-sample clip + noise" family runs on (Dyn-D2P's five variants are SGP with a
 (C_k, sigma_k) table in the plan; see ``dyn_d2p.py``).
 
-One iteration at node i (COMMON.md 2.2; dyn-d2p.md 3.0 steps 1-7):
+One iteration at node i (the skeleton the four push-sum papers share):
 
 =====================  ==========================================================
 paper symbol           code
@@ -86,7 +86,7 @@ class SGPNode(PushSumNode):
         i = self.node_id
         B = self.params.batch_size
         clip = float(self.plan.clip[i][k])
-        idx = self.sample_poisson(k, B)                                   # dyn-d2p.md 3.8: Poisson(q = B/J)
+        idx = self.sample_poisson(k, B)                                   # Poisson(q = B/J)
         # gradient at z, clipped per sample (eq. 5), + N_i^k (std sigma_k / B), drawn and charged (exact mode:
         # integers on a grid + discrete Gaussian, PushSumNode.private_gradient)
         g_noisy, stats, std = self.private_gradient(k, self.z(), idx, B, clip)

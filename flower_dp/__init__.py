@@ -2,7 +2,8 @@
 
 The front door: :func:`train_private` (private push-sum training of your own model on your own data),
 :class:`PushSumStrategy` and :class:`GauLRQ` (Flower strategies), :data:`gau_lrq_mod` (Gau-LRQ's client mod),
-:func:`rigorous_epsilon` and :func:`calibrate_noise_multiplier` (the accountant).  A run's and a strategy's
+:func:`rigorous_epsilon` and :func:`calibrate_noise_multiplier` (the accountant) with the steps a history is
+made of, :class:`GaussianStep` and :class:`LaplaceStep`.  A run's and a strategy's
 ``privacy_spent()`` is the one way to read the eps spent.
 
 Core packages (never import Flower, nor ``flower_dp.clients``/``flower_dp.strategies``):
@@ -34,6 +35,8 @@ _LAZY = {
     "gau_lrq_mod": "flower_dp.clients.lrq_mod",
     "rigorous_epsilon": "flower_dp.privacy",
     "calibrate_noise_multiplier": "flower_dp.privacy",
+    "GaussianStep": "flower_dp.privacy",
+    "LaplaceStep": "flower_dp.privacy",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -334,8 +334,8 @@ def pushsum_scores(
     """Scores of ``n`` push-sum shares observed by a curious receiver, without / with the canary.
 
     Node ``i = node`` takes one private step on the batch mean, ``g = (sum clip + N(0,(noise_multiplier C)^2 I)) / B``
-    with ``B = batch * q`` the expected batch size (COMMON.md: sigma = noise_multiplier C / B on the mean), and sends
-    receiver r the share ``P^k[r, i] * (x_i - lr * g)`` (COMMON.md §2).  The receiver knows
+    with ``B = batch * q`` the expected batch size (sigma = noise_multiplier C / B on the mean), and sends
+    receiver r the share ``P^k[r, i] * (x_i - lr * g)`` (sender-scaled push-sum share).  The receiver knows
     ``P^k[r, i]``, ``x_i``, lr and B (worst case), inverts the share, and projects on the canary.
 
     Parameters
@@ -374,10 +374,10 @@ def lrq_scores(
     """Scores of Gau-LRQ decoded updates ``decode(encode(clip(u), sigma, key))``, sigma = noise_multiplier * S2.
 
     Trials are the coordinates of one long vector (the LRQ error is i.i.d. over coordinates, spec
-    gau-lrq.md §3.5).  Each trial's update is 1-D, so L2 clipping to S2 is clipping to [-S2, S2];
+    Gau-LRQ, Sec. IV).  Each trial's update is 1-D, so L2 clipping to S2 is clipping to [-S2, S2];
     the canary client's raw update is 3 S2.  World 1: the canary's clipped update S2 (present with
     probability q, Poisson sampling); world 0: nothing (``add_remove``, sensitivity S2) or the
-    opposite update -S2 (``replace_one``, sensitivity 2 S2; spec §5).  One message with sigma on the
+    opposite update -S2 (``replace_one``, sensitivity 2 S2).  One message with sigma on the
     sum models B clients' messages: the sum of B independent exact N(0, s^2) errors is N(0, B s^2).
     """
     from .mechanisms.lrq import decode, encode
@@ -487,7 +487,7 @@ def _gau_lrq_claim(name: str, N: int, eps: float) -> PaperClaim:
     from .privacy import paper
 
     B, K, delta, S2 = 80, 25, 1e-5, 1.0
-    # gau-lrq.md §5.1-5.2, Table III rows (delta 1e-5, B 80, K 25): sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)
+    # the paper's closed form, Table III rows (delta 1e-5, B 80, K 25): sigma = 2 S2 sqrt(K B ln(1/delta)) / (N eps)
     sigma = paper.paper_sigma_gau_lrq(eps, delta, S2=S2, num_rounds=K, B=B, N=N)
     return PaperClaim(name, f"Gau-LRQ (arXiv:2312.07060) Table III, N={N}, eps={eps:g}, Lemma 1/4 closed form",
                       q=B / N, noise_multiplier=sigma * math.sqrt(B) / S2, rounds=K, eps_claimed=eps, delta=delta)

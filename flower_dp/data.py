@@ -290,7 +290,7 @@ def partition(
     Returns
     -------
     list of n_nodes sorted int64 index arrays, disjoint; they cover all samples except the
-    dropped remainder of ``shuffle_split`` / builtin ``iid`` (privsgp-vr.md 8.15: every node
+    dropped remainder of ``shuffle_split`` / builtin ``iid`` (every node
     gets ``J = floor(N / n)``).  ``dirichlet`` covers all samples and gives every node >= 1.
     """
     labels = np.asarray(labels)
@@ -367,7 +367,7 @@ def partition_sizes(parts: list[np.ndarray]) -> list[int]:
 def stratified_client_indices(
     labels: np.ndarray | torch.Tensor, partition_id: int, *, per_class: int, seed: int = 0
 ) -> np.ndarray:
-    """Gau-LRQ's client data (gau-lrq.md 8.2): ``per_class`` indices of every class, drawn without
+    """Gau-LRQ's client data (its Sec. VII setting): ``per_class`` indices of every class, drawn without
     replacement, independently of the other clients (overlap between clients allowed).
 
     A deterministic function of ``(seed, partition_id)``, so 48,000 clients need not be

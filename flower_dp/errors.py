@@ -1,7 +1,7 @@
 """Exception types of flower-dp.
 
 Every error message names the offending value, the valid range and the fix, and uses
-the word "got" for the value received (STYLE.md 2.12).  User-input problems raise
+the word "got" for the value received.  User-input problems raise
 ``ValueError``/``TypeError`` subclasses so that ordinary ``except ValueError`` works;
 domain failures have their own types so callers can catch exactly what they expect.
 """

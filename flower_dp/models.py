@@ -2,13 +2,13 @@
 
 | name | paper | parameters |
 |---|---|---|
-| ``shallow_cnn`` | Dyn-D2P / DP-CSGP Fashion-MNIST (FedAvg CNN, dyn-d2p.md 8 #11) | 582,026 |
-| ``mlp_2layer`` | PrivSGP-VR MNIST (784-128-10, privsgp-vr.md decision) | 101,770 |
-| ``partpsp_mlp`` | DPPS / PartPSP MNIST MLP (dpps-partpsp.md 4.3) | 24,324 |
-| ``lenet`` | Gau-LRQ MNIST LeNet (gau-lrq.md 8.2 decision) | 61,706 |
+| ``shallow_cnn`` | Dyn-D2P / DP-CSGP Fashion-MNIST (FedAvg-style CNN) | 582,026 |
+| ``mlp_2layer`` | PrivSGP-VR MNIST (784-128-10; App. E gives no width, 128 is our choice) | 101,770 |
+| ``partpsp_mlp`` | DPPS / PartPSP MNIST MLP (the paper's experiments) | 24,324 |
+| ``lenet`` | Gau-LRQ MNIST LeNet (Sec. VII; "about 6e4" parameters) | 61,706 |
 | ``resnet18_cifar_gn`` | CIFAR ResNet-18, GroupNorm instead of BatchNorm | 11,173,962 |
-| ``resnet34_cifar_gn`` | Gau-LRQ CIFAR-100 ResNet-34 (gau-lrq.md 8.2), GroupNorm | 21,282,122 (10 classes) |
-| ``resnet18_tv_bn`` | DPPS FMNIST: torchvision ResNet-18 **with BatchNorm** (COMMON.md 6 #16) | 11,181,642 |
+| ``resnet34_cifar_gn`` | Gau-LRQ CIFAR-100 ResNet-34 (Sec. VII), GroupNorm | 21,282,122 (10 classes) |
+| ``resnet18_tv_bn`` | DPPS FMNIST: torchvision ResNet-18 **with BatchNorm** (the paper's code) | 11,181,642 |
 | ``logreg`` | multinomial logistic regression (convex tests) | (in_features + 1) * classes |
 
 Every model except ``resnet18_tv_bn`` is free of BatchNorm and works with
@@ -116,7 +116,7 @@ class MLP2(nn.Module):
 
 
 class PartPSPMLP(nn.Module):
-    """PartPSP's three-layer tanh MLP (dpps-partpsp.md 4.3).
+    """PartPSP's three-layer tanh MLP (the paper's MNIST experiments).
 
     ``structure="code10"`` (the PartPSP-1 network): ``h = tanh(W1 x + b1)``,
     ``out = h + tanh(W3 tanh(W2 h + b2) + b3)``; shared block = ``l1``.
@@ -214,7 +214,7 @@ class ResNetGN(nn.Module):
 
 
 class ResNet18GN(ResNetGN):
-    """CIFAR ResNet-18 ([2, 2, 2, 2]) with GroupNorm; d = 11,173,962 for 10 classes (privsgp-vr.md 5.2)."""
+    """CIFAR ResNet-18 ([2, 2, 2, 2]) with GroupNorm; d = 11,173,962 for 10 classes (PrivSGP-VR, Sec. 5.1)."""
 
     registry_name = "resnet18_cifar_gn"
 
@@ -223,7 +223,7 @@ class ResNet18GN(ResNetGN):
 
 
 class ResNet34GN(ResNetGN):
-    """CIFAR ResNet-34 ([3, 4, 6, 3]) with GroupNorm (gau-lrq.md 8.2, CIFAR-100)."""
+    """CIFAR ResNet-34 ([3, 4, 6, 3]) with GroupNorm (Gau-LRQ, Sec. VII, CIFAR-100)."""
 
     registry_name = "resnet34_cifar_gn"
 
@@ -232,7 +232,7 @@ class ResNet34GN(ResNetGN):
 
 
 class ResNet18TVBN(nn.Module):
-    """torchvision ResNet-18 (7x7 stem, max-pool, BatchNorm) with a ``num_classes`` head (dpps-partpsp.md 4.3).
+    """torchvision ResNet-18 (7x7 stem, max-pool, BatchNorm) with a ``num_classes`` head (DPPS's FMNIST runs).
 
     The submodules are torchvision's own (same parameter names: ``conv1``, ``bn1``,
     ``layer1..4``, ``fc``).  Grey (N, 1, H, W) inputs are replicated to 3 channels, as in the
@@ -283,7 +283,7 @@ MODELS = {
     "logreg": LogReg,
 }
 
-#: PartPSP splits: shared parameter-name prefixes per (model, split) (dpps-partpsp.md 4.3).
+#: PartPSP splits: shared parameter-name prefixes per (model, split) (the PartPSP paper's partitions).
 _SPLITS = {
     ("partpsp_mlp", "partpsp1"): ("l1.",),
     ("partpsp_mlp", "partpsp2"): ("l1.", "l2."),
@@ -335,9 +335,9 @@ def shared_parameter_names(model: nn.Module | str, split: str, module: nn.Module
         A model from :func:`build_model`; or its registry name, followed by the module as
         ``module`` (the older form ``shared_parameter_names(name, split, model)``).
     split : str
-        ``"partpsp1"`` / ``"partpsp2"`` (dpps-partpsp.md 4.3: MLP d_s = 7,850 / 16,474;
+        ``"partpsp1"`` / ``"partpsp2"`` (the PartPSP paper: MLP d_s = 7,850 / 16,474;
         torchvision ResNet-18 d_s = 157,504 / 683,072), ``"all"`` (SGPDP / SGP: every
-        parameter, the spec's decision) or ``"all_but_head"`` (every parameter except the
+        parameter, our choice) or ``"all_but_head"`` (every parameter except the
         last Linear layer, the code's "full" variant offered as an option).
 
     Returns

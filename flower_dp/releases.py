@@ -1,6 +1,6 @@
 """What a node may release: public by construction, charged by the accountant, or not released.
 
-DESIGN.md "Privacy: tell the truth": everything computed from private data that leaves a node
+Everything computed from private data that leaves a node
 (messages, metrics, results) is charged or is not released.  A node's ``last_metrics()`` is
 node-internal; every place where those metrics leave the node (the in-process runner's
 ``results.json`` / ``history.csv``, the relay transport's reply, the Ray host's segment result)

@@ -1,11 +1,11 @@
 """Random streams, one per (key, node, purpose, k), and the node secret that keys the private ones.
 
-COMMON.md 2.1: every random draw comes from a stream keyed by a key, the node, the purpose
+Every random draw comes from a stream keyed by a key, the node, the purpose
 ("data", "noise", "compress", "init", ...) and the iteration, so nodes' draws are independent,
 a node redraws the same numbers for the same ``k`` (a relay node rebuilt between ``contribute(k)``
 and ``local_step(k)`` replays ``k`` exactly) and nothing here touches global RNG state.
 
-Threat model (DESIGN.md "Privacy: tell the truth").  The seed of a run is public:
+Threat model (docs/privacy.md).  The seed of a run is public:
 it is written to ``results.json`` and the plan summary.  So the streams of the *private* purposes
 (:data:`PRIVATE_PURPOSES`: ``"noise"`` - privacy noise - and ``"data"`` - private sampling: Poisson
 batches, PrivSGP's block choice) are keyed by a **node secret**, not by the seed:

@@ -1,6 +1,6 @@
 """Directed (time-varying) communication graphs and their push-sum mixing matrices.
 
-Convention (COMMON.md section 1, STYLE.md 2.8): ``P[i, j]`` is the weight that sender
+Convention (docs/symbols.md): ``P[i, j]`` is the weight that sender
 ``j`` puts on receiver ``i`` at iteration ``k``.  Push-sum needs column sums of 1
 (``1^T P^k = 1^T``) and a positive diagonal.  Default weights: sender ``j`` splits
 uniformly over itself and its out-neighbours, ``P[i, j] = 1 / (1 + outdeg_j)``.
@@ -329,12 +329,12 @@ def exp_one_peer(n: int) -> Topology:
 
 
 def exp_two_peer(n: int) -> Topology:
-    """DPPS / PartPSP "EXP" graph (dpps-partpsp.md 6.4; paper Remark 2).
+    """DPPS / PartPSP "EXP" graph (the paper's Remark 2).
 
     At round ``k`` node ``i`` sends to itself and to ``(i + 2^(k mod B)) mod n``,
     ``B = floor(log2(n - 1)) + 1`` (n = 10: offsets 1, 2, 4, 8): "exactly two
     out-neighbours" counting the self-loop, weight 1/2 each.  These are exactly the
-    matrices of :func:`exp_one_peer` (same phase: one global ``k``, COMMON.md 6 #3);
+    matrices of :func:`exp_one_peer` (same phase: one global ``k``);
     only the recorded name differs.  ``n = 1``: ``P = [[1]]``.
     """
     t = exp_one_peer(n)
@@ -397,7 +397,7 @@ def random_irregular(n: int, *, seed: int = 0, p: float = 0.3) -> Topology:
     added with probability ``p``.  If all out-degrees come out equal, node 0 gets one
     more edge (or, if it already sends to everyone, only its ring edge).  Weights
     ``1/(1 + outdeg_j)``: columns sum to 1 but rows do not, so push-sum weights really
-    move (the graph that exercises de-biasing; COMMON.md 3 fixture (c)).
+    move (the graph that exercises de-biasing: every paper's graph keeps ``w == 1``).
 
     Parameters
     ----------
@@ -463,7 +463,7 @@ def from_matrix(
 
 
 def with_sync(base: Topology, sync_period: int) -> Topology:
-    """DPPS's periodic all-to-all average (dpps-partpsp.md 3.6; COMMON.md 3).
+    """DPPS's periodic all-to-all average (the paper's synchronization rounds).
 
     ``base`` except the complete graph (1/n) at every ``k`` with ``(k + 1) % sync_period == 0``
     (``sync_period = 5``: k = 4, 9, 14, ...).  Period ``lcm(base.period, sync_period)``.
@@ -497,7 +497,7 @@ def check_strongly_connected(topology: Topology, window: int | None = None) -> N
 
 TOPOLOGIES: dict[str, Callable[..., Topology]] = {
     "exp_one_peer": exp_one_peer,
-    "exp": exp_one_peer,  # alias (DESIGN / INTERFACES)
+    "exp": exp_one_peer,  # alias
     "exp_two_peer": exp_two_peer,  # DPPS "EXP": self + one peer, 1/2 each (same matrices)
     "exp_all_hops": exp_all_hops,
     "d_out": d_out,

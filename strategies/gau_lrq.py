@@ -1,7 +1,7 @@
 """Gau-LRQ-SGD (and Dynamic Gau-LRQ-SGD, Gau-SGD, QG-SGD, BQ-SGD, Local SGD) as a Flower strategy.
 
 :class:`GauLRQ` is a drop-in for Flower's ``FedAvg`` (Yan, Li, Lan, Wu, Song, arXiv:2312.07060, Alg. 1, Sec. V;
-spec ``shared/specs/gau-lrq.md``) that samples exactly B of N clients per round, decodes their low-resolution
+Alg. 1) that samples exactly B of N clients per round, decodes their low-resolution
 quantized noisy updates on the server and accounts client-level privacy rigorously.  It subclasses ``FedAvg`` to
 reuse its evaluation, metric aggregation, record keys and summary (a wrapper cannot work: the replies carry integer
 messages, not weights, and the aggregation rule is part of the mechanism); its parts live beside it: who takes part
@@ -67,7 +67,7 @@ NOISE_TO_CLIP_LIMIT = 10.0
 
 
 class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
-    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (spec §7), Message API; a drop-in for ``FedAvg``.
+    """Server side of Gau-LRQ-SGD (Alg. 1) and its baselines (Sec. VII), Message API; a drop-in for ``FedAvg``.
 
     Drop-in: replace ``FedAvg(...)`` by ``GauLRQ(num_clients=N, clip=S2, epsilon=eps, ...)`` with the same
     arguments (FedAvg's ten, positional or keyword, come first in FedAvg's order; GauLRQ's own are keyword-only),

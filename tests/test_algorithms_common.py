@@ -1,4 +1,4 @@
-"""Shared push-sum invariants for every algorithm of ``flower_dp.clients`` (COMMON.md section 5).
+"""Shared push-sum invariants for every algorithm of ``flower_dp.clients``.
 
 Also holds the small fixtures the other ``test_algorithms_*`` files import: a synthetic
 logistic-regression problem split over nodes, node builders and a driver loop.
@@ -130,7 +130,7 @@ PUSH_SUM_CASES = [
 
 @pytest.mark.parametrize("algorithm,params", PUSH_SUM_CASES)
 def test_mass_conservation_on_irregular_graph(algorithm, params):
-    """COMMON.md 5.2-5.3: sum_i w_i == n and sum_i x_i == sum_i x_half_i at every mix."""
+    """Mass conservation: sum_i w_i == n and sum_i x_i == sum_i x_half_i at every mix."""
     topo = random_irregular(6, seed=3)
     parts, _ = logreg_data(6, 32)
     _, nodes = make_nodes(algorithm, params, topo, parts=parts, num_iters=6)
@@ -154,7 +154,7 @@ def test_mass_conservation_on_irregular_graph(algorithm, params):
 
 @pytest.mark.parametrize("algorithm,params", PUSH_SUM_CASES)
 def test_consensus_with_zero_step(algorithm, params):
-    """COMMON.md 5.4: gamma = 0 -> z_i -> mean_i x_i^0 on an irregular digraph (noise is scaled by gamma too)."""
+    """Consensus: gamma = 0 -> z_i -> mean_i x_i^0 on an irregular digraph (noise is scaled by gamma too)."""
     topo = random_irregular(6, seed=1)
     parts, _ = logreg_data(6, 32)
     _, nodes = make_nodes(algorithm, {**params, "lr": 0.0}, topo, parts=parts, num_iters=400)
@@ -181,7 +181,7 @@ def test_consensus_with_zero_step(algorithm, params):
 
 @pytest.mark.parametrize("algorithm,params", PUSH_SUM_CASES)
 def test_order_independence_bitwise(algorithm, params):
-    """COMMON.md 5.7: a permuted stepping order gives bitwise-identical state."""
+    """Order independence: a permuted stepping order gives bitwise-identical state."""
     topo = random_irregular(5, seed=2)
     parts, _ = logreg_data(5, 32)
     _, a = make_nodes(algorithm, params, topo, parts=parts, num_iters=5)
@@ -210,7 +210,7 @@ def test_state_dict_resume_is_bit_exact(algorithm, params):
 
 
 def test_one_charge_per_noisy_step_none_in_mix():
-    """COMMON.md 5.9: one accountant charge per local_step, none for mix/setup."""
+    """One accountant charge per local_step, none for mix/setup."""
     topo = random_irregular(4, seed=0)
     parts, _ = logreg_data(4, 32)
     _, nodes = make_nodes("dyn_d2p", dict(lr=0.1, batch_size=8, variant="const", **DP), topo, parts=parts,
@@ -243,7 +243,7 @@ def test_non_finite_loss_names_node_and_k():
 
 
 def test_budget_hard_stop_truncates_k():
-    """COMMON.md 2.3: a paper-calibrated plan whose rigorous eps exceeds the budget is truncated pre-flight."""
+    """Budget hard stop: a paper-calibrated plan whose rigorous eps exceeds the budget is truncated pre-flight."""
     params = dict(lr=0.1, batch_size=8, variant="const", calibration="paper", epsilon=1.0, delta=1e-4)
     full = registry.prepare("dyn_d2p", params, n_nodes=2, samples_per_node=[64, 64], num_iters=200, dim=12, seed=0)
     budget = full.eps_rigorous[0] * 0.5
@@ -255,7 +255,7 @@ def test_budget_hard_stop_truncates_k():
 
 
 def test_n_equals_one_is_single_node_sgd():
-    """COMMON.md 5.6: n = 1 -> only the self-share, x_{k+1} = x_k - gamma g."""
+    """n = 1 -> only the self-share, x_{k+1} = x_k - gamma g."""
     topo = from_matrix(np.ones((1, 1)))
     parts, _ = logreg_data(1, 32)
     _, nodes = make_nodes("sgp", dict(lr=0.5, batch_size=32), topo, parts=parts, num_iters=3)

@@ -3,7 +3,7 @@
 The per-paper files test SGP, Dyn-D2P (``dyn``), PrivSGP-VR, DP-CSGP and SGPDP; this file covers
 the remaining variants and baselines: Dyn[C]-D2P, Const-D2P, PrivSGP, DP2-SGD, A(DP)2SGD and
 PEDFL.  Each one converges near the pooled optimum with a large budget and is measurably worse
-with a small one.  Also: PrivSGP-VR with a single block reduces to SGP (COMMON.md 5.5), and
+with a small one.  Also: PrivSGP-VR with a single block reduces to SGP, and
 the A(DP)2SGD topology pickles (process backends).
 """
 
@@ -51,7 +51,7 @@ def test_converges_with_large_budget_and_degrades_with_small(case):
 
 
 def test_privsgp_vr_single_block_reduces_to_sgp():
-    """COMMON.md 5.5: PrivSGP-VR with b = J (one block: g = h - T[0] + avg = h), noise 0 and clip inf
+    """PrivSGP-VR with b = J (one block: g = h - T[0] + avg = h), noise 0 and clip inf
     is SGP with B = J (q = 1); only the summation order of the batch differs."""
     topo = random_irregular(5, seed=8)
     parts, _ = logreg_data(5, 16)

@@ -1,4 +1,4 @@
-"""DP-CSGP (clients/dp_csgp.py): the spec's 3-node vector, the SGP reduction, exact bits."""
+"""DP-CSGP (clients/dp_csgp.py): a 3-node test vector, the SGP reduction, exact bits."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from test_algorithms_dyn_d2p import _gap, point_nodes
 
 torch.set_num_threads(1)
 
-B3 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]])  # dp-csgp.md 7.4 targets b_i
+B3 = torch.tensor([[1.0, 0.0], [0.0, 2.0], [-1.0, 1.0]])  # the 3-node fixture's targets b_i
 NO_DP = dict(lr=0.1, batch_size=1, compressor="identity", accountant="rdp")
 
 
 def test_spec_test_vector_7_4():
-    """dp-csgp.md 7.4: identity Q, eta = 0.1, sigma = 0, no clipping; t = k + 1, x^{t+1} is our x_half."""
+    """3-node test vector: identity Q, eta = 0.1, sigma = 0, no clipping; t = k + 1, x^{t+1} is our x_half."""
     topo, nodes = point_nodes("dp_csgp", NO_DP, B3, 3, plan_hook=lambda p: registry.ablate(p))
     np.testing.assert_allclose([n.w for n in nodes], [0.83333333, 0.83333333, 1.33333333], atol=1e-8)  # y^2
     run(nodes, topo, 0, 1)
@@ -43,7 +43,7 @@ def test_spec_test_vector_7_4():
 
 
 def test_identity_gamma_one_equals_sgp_from_row_sums():
-    """COMMON.md 5.5: Q = identity, gamma_c = 1 == SGP started from (r_i x0, r_i), r = row sums of P."""
+    """Q = identity, gamma_c = 1 == SGP started from (r_i x0, r_i), r = row sums of P."""
     topo = random_irregular(6, seed=5)
     parts, _ = logreg_data(6, 32)
     K = 6
@@ -61,7 +61,7 @@ def test_identity_gamma_one_equals_sgp_from_row_sums():
 
 
 def test_prelude_off_is_plain_sgp():
-    """COMMON.md 6 #14: prelude_mix=False gives plain SGP (x_hat starts at 0)."""
+    """prelude_mix=False gives plain SGP (x_hat starts at 0)."""
     topo = random_irregular(5, seed=6)
     parts, _ = logreg_data(5, 32)
     _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=8), topo, parts=parts, num_iters=5)
@@ -75,7 +75,7 @@ def test_prelude_off_is_plain_sgp():
 
 @pytest.mark.parametrize("compressor", ["identity", "rand_0.5", "gsgd_8", "topk_0.25"])
 def test_bits_equal_compressor_formula_times_messages(compressor):
-    """dp-csgp.md 9 / 7.5: bits per node per iteration = outdeg x (payload + 32); self-shares free."""
+    """Bits per node per iteration = outdeg x (payload + 32); self-shares free."""
     topo = random_irregular(6, seed=7)
     parts, _ = logreg_data(6, 32)
     params = dict(lr=0.1, batch_size=8, G=1.0, compressor=compressor, epsilon=2.0, delta=1e-4, accountant="rdp")
@@ -102,7 +102,7 @@ def test_bits_equal_compressor_formula_times_messages(compressor):
 
 
 def test_identity_communication_matches_dp_sgp_numbers():
-    """dp-csgp.md 7.5: DP-SGP (identity) 32 d + 32 per message; DP2-SGD 32 d per message, no weight."""
+    """DP-SGP (identity) 32 d + 32 per message; DP2-SGD 32 d per message, no weight."""
     topo = undirected_ring(4)
     parts, _ = logreg_data(4, 32)
     _, cs = make_nodes("dp_csgp", dict(NO_DP, batch_size=8), topo, parts=parts, num_iters=1)
@@ -129,7 +129,7 @@ def test_dp_csgp_converges_and_degrades_with_eps():
 
 
 def test_dp2_sgd_baseline_gets_the_same_noise_and_eps():
-    """dp-csgp.md 3.9 DECISION: DP2SGD runs with the same G, sigma (same calibration), B and T, so only the
+    """DP2SGD runs with the same G, sigma (same calibration), B and T, so only the
     communication differs (32 d per message, no weight, vs 32 d + 32 for DP-CSGP with identity)."""
     sizes = dict(n_nodes=4, samples_per_node=[500] * 4, num_iters=200, dim=50, seed=0)
     common = dict(lr=0.1, batch_size=16, G=1.5, epsilon=3.0, delta=1e-4, accountant="rdp")

@@ -48,7 +48,7 @@ MLP = dict(lr=0.1, lr_l=0.1, batch_size=10, gamma_n=1e-3, b=5.0, c_prime=0.78, l
 
 
 def test_estimated_sensitivity_bounds_the_real_one_on_the_mlp():
-    """dpps-partpsp.md 3.3 / Fig. 2 setting (b = 5, sync 5, C' = .78, lambda = .55), small scale: S >= S_real."""
+    """Estimator (Lemma 2), Fig. 2 setting (b = 5, sync 5, C' = .78, lambda = .55), small scale: S >= S_real."""
     topo, nodes = mlp_nodes("partpsp1", MLP, K=12)
     for k in range(12):
         log = run_iteration(nodes, k, receivers=topo.out_neighbors)
@@ -77,7 +77,7 @@ def test_partial_sharing_sends_only_the_shared_parameters(split, d_s):
 
 
 def test_sgpdp_without_noise_reduces_to_sgp():
-    """COMMON.md 5.5: SGPDP with gamma_n = 0, d_s = d, sync_period = 0 == SGP (same seeds)."""
+    """SGPDP with gamma_n = 0, d_s = d, sync_period = 0 == SGP (same seeds)."""
     topo = d_out(5, 2)
     parts, _ = logreg_data(5, 32)
     _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=8), topo, parts=parts, num_iters=6)
@@ -91,7 +91,7 @@ def test_sgpdp_without_noise_reduces_to_sgp():
 
 
 def test_laplace_accounting_and_refusals():
-    """COMMON.md 4: one Laplace charge per round with nu = gamma_n / b; eps_paper = b / gamma_n per round."""
+    """One Laplace charge per round with nu = gamma_n / b; eps_paper = b / gamma_n per round."""
     topo, nodes = mlp_nodes("partpsp1", dict(MLP, measure_real=False), K=3)
     run(nodes, topo, 0, 3)
     rep = nodes[0].privacy_report()
@@ -195,7 +195,7 @@ def _spy_perturbations(nodes) -> dict[int, float]:
 
 @pytest.mark.parametrize("c_prime", [0.78, 1.2])
 def test_reset_floor_raises_reset_rounds_to_twice_the_largest_perturbation(c_prime):
-    """Spec 8.5 [decision] safe floor: in a reset round (k = 0 and the round after each sync, k % 5 == 0) the
+    """Safe floor (ours, off by default): in a reset round (k = 0 and the round after each sync, k % 5 == 0) the
     network S = max(2 C' max_i ||eps_i||_1, 2 max_i ||eps_i||_1); the other rounds keep eq. (22) unchanged."""
     K = 12
     topo, nodes = mlp_nodes("partpsp1", dict(MLP, c_prime=c_prime, reset_floor=True), K=K)
@@ -261,7 +261,7 @@ def _floor_nodes():
 @given(seed=st.integers(0, 2**31 - 1), mode=st.sampled_from(["independent", "opposite", "disjoint", "one_large"]),
        s_scale=st.sampled_from([0.0, 1e-2, 1.0]), k=st.sampled_from([0, 5]))
 def test_reset_floor_bounds_the_real_sensitivity_of_equal_states(seed, mode, s_scale, k):
-    """Spec 8.5: with every s_i equal (k = 0 from one init, or right after a sync), the real sensitivity
+    """With every s_i equal (k = 0 from one init, or right after a sync), the real sensitivity
     max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1 <= the floored S, for any perturbations: independent,
     pairwise opposite (where 2 C' max ||eps||_1 with C' = 0.78 falls below), disjoint supports (the bound is
     tight), one node far larger.  Tolerance: the float32 rounding of s + eps (2^-23 per coordinate)."""

@@ -21,7 +21,7 @@ from test_algorithms_common import (
 
 torch.set_num_threads(1)
 
-#: dyn-d2p.md 7.5 / dp-csgp.md 7.4 / COMMON.md 3 fixture (a): node 0 -> {1, 2}, node 1 -> {2}, node 2 -> {0}.
+#: the 3-node non-regular digraph Dyn-D2P and DP-CSGP are checked on: node 0 -> {1, 2}, node 1 -> {2}, node 2 -> {0}.
 P3 = np.array([[1 / 3, 0, 1 / 2], [1 / 3, 1 / 2, 0], [1 / 3, 1 / 2, 1 / 2]])
 
 
@@ -54,7 +54,7 @@ def point_nodes(algorithm, params, targets, num_iters, plan_hook=None):
 
 
 def test_hand_computed_push_sum_example():
-    """dyn-d2p.md 7.5: x^0 = [0, 3, 6], gamma = 0 -> the listed x, w, z at k = 1, 2, 3 (exact to 1e-6)."""
+    """x^0 = [0, 3, 6], gamma = 0 -> the listed x, w, z at k = 1, 2, 3 (exact to 1e-6)."""
     topo, nodes = point_nodes("sgp", dict(lr=0.0, batch_size=1), torch.zeros(3, 1), 3)
     for nd, v in zip(nodes, [0.0, 3.0, 6.0]):
         nd.x = torch.tensor([v])
@@ -82,7 +82,7 @@ VARIANTS = [
 
 @pytest.mark.parametrize("extra", VARIANTS, ids=lambda e: e["variant"] + e.get("calibration", ""))
 def test_every_variant_reduces_to_sgp_without_noise_and_clip(extra):
-    """COMMON.md 5.5: noise 0 and clip inf -> the SGP trajectory (same seed, float tolerance)."""
+    """Noise 0 and clip inf -> the SGP trajectory (same seed, float tolerance)."""
     topo = random_irregular(5, seed=4)
     parts, _ = logreg_data(5, 32)
     _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=8), topo, parts=parts, num_iters=K)
@@ -97,7 +97,7 @@ def test_every_variant_reduces_to_sgp_without_noise_and_clip(extra):
 
 
 def test_schedule_shape_and_noise_actually_drawn():
-    """dyn-d2p.md 7.11: C_0 = C0, sigma_{k+1}/sigma_k = (rho_c rho_mu)^(-1/K); the node uses the table."""
+    """C_0 = C0, sigma_{k+1}/sigma_k = (rho_c rho_mu)^(-1/K); the node uses the table."""
     p = dict(BASE, variant="dyn", clip0=4.0, rho_c=2.0, rho_mu=3.0, calibration="paper")
     plan = cached_plan("dyn_d2p", p, n_nodes=2, samples_per_node=[64, 64], num_iters=50, dim=12)
     clip, std = plan.clip[0], plan.noise_std[0]
@@ -153,10 +153,10 @@ def test_sgp_and_dyn_d2p_converge_and_degrade_with_eps():
 
 @pytest.mark.parametrize("calibration, batch", [("rigorous", 8), ("paper", 16), ("paper", 8)])
 def test_general_form_follows_the_given_schedules(calibration, batch):
-    """dyn-d2p.md 3.2 general form: C_k as given, sigma_k (on the sum) = s * shape_k for one scale s.
+    """General form (Algorithm 2): C_k as given, sigma_k (on the sum) = s * shape_k for one scale s.
     Rigorous mode meets the target.  Paper mode (eq. 10) relaxes e^x - 1 < 2x: with every mu_k <= 1
     (q = 0.25 here) its CLT eps stays <= the target; with q = 0.125 and K = 12 the mu_k exceed 1,
-    the CLT eps overshoots and the plan says so (dyn-d2p.md 8 #5)."""
+    the CLT eps overshoots and the plan says so."""
     K = 12
     clip = [3.0 * 0.9**k for k in range(K)]
     shape = [1.0 + 0.1 * k for k in range(K)]

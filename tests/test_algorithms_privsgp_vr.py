@@ -26,7 +26,7 @@ def _one_node(params, J=32, K=4, hook=None):
 
 
 def test_vr_estimator_unbiased_over_the_sample_index():
-    """privsgp-vr.md 7.7: for a fixed table and z, mean over blocks of g equals the full local gradient."""
+    """For a fixed table and z, mean over blocks of g equals the full local gradient."""
     _, nodes = _one_node(VR)
     nd = nodes[0]
     z = nd.z() + 0.3 * torch.randn(nd.x.numel(), generator=torch.Generator().manual_seed(0))  # away from x0
@@ -70,7 +70,7 @@ def test_table_update_order_and_clean_table():
 
 
 def test_privsgp_full_batch_reduces_to_sgp():
-    """COMMON.md 5.5: PrivSGP, noise 0, clip inf, b = J == SGP with B = J (q = 1)."""
+    """PrivSGP, noise 0, clip inf, b = J == SGP with B = J (q = 1)."""
     topo = random_irregular(5, seed=8)
     parts, _ = logreg_data(5, 16)
     _, sgp = make_nodes("sgp", dict(lr=0.2, batch_size=16), topo, parts=parts, num_iters=5)
@@ -84,7 +84,7 @@ def test_privsgp_full_batch_reduces_to_sgp():
 
 
 def test_dp2_sgd_is_dpsgd_and_refuses_directed_graphs():
-    """COMMON.md 2.2: x_{k+1} = W x_k - gamma g(x_k) (gradient at the pre-mix own model)."""
+    """DP2-SGD: x_{k+1} = W x_k - gamma g(x_k) (gradient at the pre-mix own model)."""
     topo = undirected_ring(4)
     parts, _ = logreg_data(4, 16)
     _, nodes = make_nodes("dp2_sgd", dict(VR, batch_size=16), topo, parts=parts, num_iters=3,
@@ -120,7 +120,7 @@ def test_adp2_matchings_and_run():
 
 
 def test_k_star_and_heterogeneous_budgets():
-    """privsgp-vr.md 4.3: K = round(K*) from eq. (12) (spec 4.4 Example 1 gives 3120 at the paper's constants);
+    """K = round(K*) from eq. (12) (3120 at the paper's CIFAR-10 constants);
     heterogeneous budgets get their own sigma_i with one K."""
     from flower_dp.privacy import paper
 
@@ -132,7 +132,7 @@ def test_k_star_and_heterogeneous_budgets():
     k2 = paper.k_star_privsgp_vr([3.0, 1.0], 1e-5, **{**kw, "n_nodes": 2})
     assert plan.num_iters == round(k2) and k_star > 0
     s = [float(v[0]) for v in plan.noise_std]
-    # eq. (11): sigma_i proportional to 1/eps_i at one K; independent of the block size b (spec 8.6)
+    # eq. (11): sigma_i proportional to 1/eps_i at one K; independent of the block size b
     np.testing.assert_allclose(s[1] / s[0], 3.0, rtol=1e-9)
     np.testing.assert_allclose(s[0], paper.paper_sigma_privsgp_vr(3.0, 1e-5, num_iters=plan.num_iters, J=3125,
                                                                    G=10.0, c2=0.3724), rtol=1e-9)

@@ -164,7 +164,7 @@ def test_lrq_decoded_update_audits_like_a_gaussian():
 
 
 def test_lrq_replace_one_has_sensitivity_two_s2():
-    # gau-lrq.md §5: replace-one sensitivity 2 S2; noise_multiplier = 2 under replace-one is noise_multiplier = 1 under add/remove
+    # replace-one sensitivity 2 S2; noise_multiplier = 2 under replace-one is noise_multiplier = 1 under add/remove
     res = run_audit("lrq", trials=200_000, delta=1e-5, seed=4, noise_multiplier=2.0, adjacency="replace_one", S2=0.3)
     assert res.eps_rigorous == pytest.approx(EPS_NU1)
     assert 0.5 * res.eps_rigorous <= res.eps_lower <= res.eps_rigorous
@@ -173,7 +173,7 @@ def test_lrq_replace_one_has_sensitivity_two_s2():
 # ---------------------------------------------------------------------------- the paper's claim
 def test_paper_claims_reproduce_the_spec_numbers():
     c = PAPER_CLAIMS["gau-lrq-n5760"]()
-    # gau-lrq.md §5.2 table, "Table III, N=5760, eps=2": z = 0.236, K = 25, B = 80, delta = 1e-5
+    # the paper's closed form at Table III, N=5760, eps=2: z = 0.236, K = 25, B = 80, delta = 1e-5
     assert c.noise_multiplier == pytest.approx(0.236, abs=5e-4) and c.rounds == 25 and c.q == pytest.approx(80 / 5760)
     # the closed form (Lemma 4) really claims eps = 2 for these 25 rounds
     assert paper.paper_eps_gau_lrq([c.noise_multiplier] * c.rounds, c.delta, B=80, N=5760) == pytest.approx(2.0)

@@ -55,7 +55,7 @@ def test_quick_suite_figures_are_positive_ratios(quick_doc):
     assert (ours_vs_best is None) == (quick_doc["private_step_ratio_cnn_b64_opacus_ghost"] is None)
     assert ours_vs_best is None or ours_vs_best > 0
     assert "missing" in quick_doc["details"]["engine_overhead"]["note"]
-    # the LRQ codec's error is N(0, sigma^2) by construction (gau-lrq.md 3.5): a sanity check of the run
+    # the LRQ codec's error is N(0, sigma^2) by construction (Gau-LRQ, Sec. IV): a sanity check of the run
     assert quick_doc["details"]["lrq_codec"]["error_std_over_sigma"] == pytest.approx(1.0, abs=0.05)
 
 

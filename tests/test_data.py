@@ -145,7 +145,7 @@ def test_synthetic_deterministic_across_processes():
 
 
 def test_shuffle_split_covers_when_divisible_and_drops_remainder():
-    """privsgp-vr.md 8.15: equal J = floor(N / n); covering when n divides N."""
+    """Equal J = floor(N / n); covering when n divides N."""
     from flower_dp.data import partition_sizes
 
     parts = partition(np.zeros(1000), 8, seed=1)
@@ -153,7 +153,7 @@ def test_shuffle_split_covers_when_divisible_and_drops_remainder():
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(1000))
     parts = partition(np.zeros(1000), 7, seed=1)
     assert partition_sizes(parts) == [142] * 7 and len(np.unique(np.concatenate(parts))) == 994
-    # the papers' 20-node Fashion-MNIST split: J = 3000 (dyn-d2p.md 6)
+    # the papers' 20-node Fashion-MNIST split: J = 3000
     assert partition_sizes(partition(np.zeros(60000), 20)) == [3000] * 20
 
 
@@ -165,7 +165,7 @@ def test_dirichlet_covers_and_every_node_gets_data_even_when_extreme():
 
 
 def test_stratified_client_indices():
-    """gau-lrq.md 8.2: per_class samples of each class, without replacement, deterministic in (seed, id)."""
+    """Gau-LRQ's data: per_class samples of each class, without replacement, deterministic in (seed, id)."""
     from flower_dp.data import stratified_client_indices
 
     labels = np.repeat(np.arange(10), 100)

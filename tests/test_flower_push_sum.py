@@ -1,4 +1,4 @@
-"""Flower-on-Ray and server-relay push-sum runs give the in-process numbers (DESIGN.md backends 1, 2, 4).
+"""Flower-on-Ray and server-relay push-sum runs give the in-process numbers.
 
 The three Flower runs compared here (the toy nodes on Ray and on the relay, PartPSP on Ray) run one after the
 other in one ``flwr run`` (:func:`flower_dp.flower_run.run_app`) of :data:`SERVER`, shared by the tests of this

@@ -34,12 +34,12 @@ def test_import_flower_dp_loads_neither_torch_nor_flower():
 def test_front_door_names_resolve_to_their_modules():
     out = _run("import flower_dp as f; print(f.PushSumStrategy, f.GauLRQ); "
                "from flower_dp.strategies import GauLRQ, PushSumStrategy; "
-               "from flower_dp.privacy import calibrate_noise_multiplier, rigorous_epsilon; "
+               "from flower_dp.privacy import GaussianStep, LaplaceStep, calibrate_noise_multiplier, rigorous_epsilon; "
                "from flower_dp.clients.lrq_mod import gau_lrq_mod; "
                "from flower_dp.experiments.private_training import train_private; "
                "assert (f.PushSumStrategy, f.GauLRQ, f.gau_lrq_mod, f.rigorous_epsilon, f.calibrate_noise_multiplier, "
-               "f.train_private) == (PushSumStrategy, GauLRQ, gau_lrq_mod, rigorous_epsilon, "
-               "calibrate_noise_multiplier, train_private); "
+               "f.train_private, f.GaussianStep, f.LaplaceStep) == (PushSumStrategy, GauLRQ, gau_lrq_mod, "
+               "rigorous_epsilon, calibrate_noise_multiplier, train_private, GaussianStep, LaplaceStep); "
                "assert set(f.__all__) <= set(dir(f)); print(f.__version__)")
     assert "PushSumStrategy" in out and "GauLRQ" in out
     with pytest.raises(AttributeError, match="no attribute 'nope'.*its names are"):
@@ -87,8 +87,7 @@ def _small(**kw):
 
 
 def test_given_noise_multiplier_is_the_plans_and_its_eps_is_the_accountants():
-    from flower_dp import rigorous_epsilon
-    from flower_dp.privacy import GaussianStep
+    from flower_dp import GaussianStep, rigorous_epsilon
 
     z = 1.3
     run = _small(noise_multiplier=z, clip=0.5, delta=1e-5)

@@ -1,4 +1,4 @@
-"""Gau-LRQ in a real Flower simulation (spec gau-lrq.md §4 Flower mapping, §10 integration).
+"""Gau-LRQ in a real Flower simulation (Alg. 1 mapped onto Flower rounds).
 
 Each test runs ``flwr run`` (:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on
 127.0.0.1) of this module's :data:`server_app` (or :data:`mismatch_server_app`) and :data:`client_app`.  The
@@ -187,7 +187,7 @@ def test_lrq_end_to_end_exact_gaussian_hand_model_budget_stop_no_secret(tmp_path
         assert r["bytes_payload"] < B * 4 * d / 4
         assert r["bytes_payload"] < r["bytes_carried"] < r["bytes_payload"] + B * 2000
         assert r["bytes_downlink"] > B * 4 * d  # float32 model to each sampled client
-        assert 0 < r["bits_per_coord"] <= 8  # spec §10 integration: bits per coordinate in [0, 8]
+        assert 0 < r["bits_per_coord"] <= 8  # bits per coordinate in [0, 8]
         assert r["bits_algorithmic"] <= 8 * r["bytes_payload"] + 32 * B
 
     # decoded minus the clients' own clipped updates (recomputed here from theta_k): exactly N(0, sigma^2)

@@ -1,4 +1,4 @@
-"""Gau-LRQ releases no data-dependent communication count (DESIGN.md "Privacy: tell the truth").
+"""Gau-LRQ releases no data-dependent communication count (docs/privacy.md).
 
 Two runs with the same public seed and config but their own secrets (the default) differ only through the
 noise: every result field must be equal except the charged, post-processed outputs (the model's accuracy and

@@ -1,4 +1,4 @@
-"""Gau-LRQ strategy, mod and codecs without a Flower simulation (spec gau-lrq.md §4-§7, §10, §12).
+"""Gau-LRQ strategy, mod and codecs without a Flower simulation (Alg. 1, Sec. V, Sec. VII baselines, bits).
 
 The server and the client run in this process: GauLRQ.configure_train -> the mod around a user
 train function -> GauLRQ.aggregate_train, with a stand-in grid that only lists node ids.
@@ -106,7 +106,7 @@ def _strategy(**kw) -> GauLRQ:
 
 
 def test_weights_are_one_over_B_and_server_step_is_applied():
-    """theta_{k+1} = theta_k + (1/B) sum hat_D, whatever num-examples says (spec §10 item 11)."""
+    """theta_{k+1} = theta_k + (1/B) sum hat_D, whatever num-examples says."""
     s = _strategy()
     theta = np.zeros(D, np.float32)
     new, replies, msgs = _round(s, theta, 1)
@@ -119,7 +119,7 @@ def test_weights_are_one_over_B_and_server_step_is_applied():
 
 
 def test_sigma_to_zero_reproduces_clipped_fedavg():
-    """sigma -> 0: Gau-LRQ is clipped FedAvg with weight 1/B (spec §10 item 11)."""
+    """sigma -> 0: Gau-LRQ is clipped FedAvg with weight 1/B."""
     s = _strategy(noise_multiplier=1e-6, epsilon=1e15)
     theta = np.zeros(D, np.float32)
     new, _, msgs = _round(s, theta, 1)
@@ -198,7 +198,7 @@ def test_codecs_error_law(method):
 
 
 def test_lrq_bits_and_packing():
-    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32 (spec §12); the sent width is public; lossless."""
+    """Fixed-length bits = d ceil(log2(2 ceil(A/w_min) + 1)) + 32; the sent width is public; lossless."""
     u = np.linspace(-0.05, 0.05, 1000)
     spec = RoundSpec("lrq", 0, 0.01, 10.0)
     _, meta, st = encode_update(u, spec, lrq_key(SECRET, 0, 0))
@@ -215,7 +215,7 @@ def test_lrq_bits_and_packing():
 
 
 def test_bq_levels_meet_the_variance():
-    """BQ (s, m): s + m <= 2^b and m dq^2 / 4 >= sigma^2 (spec §7.4 DECISION)."""
+    """BQ (s, m): s + m <= 2^b and m dq^2 / 4 >= sigma^2."""
     s, m = bq_levels(0.05, 1.0, 6)
     assert s + m <= 64 and m * (2 / (s - 1)) ** 2 / 4 >= 0.05**2 and m % 2 == 0
 
@@ -230,7 +230,7 @@ def test_accountant_matches_the_project_accountant():
 
 
 def test_dynamic_schedule_closed_form_and_worked_numbers():
-    """Spec §6.3 worked example: N=1920, B=80, K=30, eps=3, tau=0.9 -> sigma_0/S2 = 0.08898, sigma_29/S2 = 0.04145."""
+    """Eqs. 17-18: N=1920, B=80, K=30, eps=3, tau=0.9 -> sigma_0/S2 = 0.08898, sigma_29/S2 = 0.04145."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, tau=0.9, calibration="paper")
     sig = sch.noise_multiplier / math.sqrt(80)
     assert sig[0] == pytest.approx(0.08898, abs=5e-5) and sig[29] == pytest.approx(0.04145, abs=5e-5)
@@ -241,13 +241,13 @@ def test_dynamic_schedule_closed_form_and_worked_numbers():
     np.testing.assert_allclose(sig**2, C * G * 0.9 ** (np.arange(30) / 2), rtol=1e-12)
     assert np.all(np.diff(sch.noise_multiplier) < 0) and sch.warnings  # decreasing; paper mode warns (rigorous eps > 3)
     fixed = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=30, B=80, N=1920, calibration="paper")
-    assert fixed.noise_multiplier / math.sqrt(80) == pytest.approx(np.full(30, 0.057717), abs=1e-6)  # spec §10 item 9
+    assert fixed.noise_multiplier / math.sqrt(80) == pytest.approx(np.full(30, 0.057717), abs=1e-6)
     assert paper.paper_eps_gau_lrq(fixed.noise_multiplier, 1e-5, B=80, N=1920) == pytest.approx(3.0)
     # per-round budgets eps_k = eps tau^(-k/4) / sqrt(G): 0.355 ... 0.763, sum of squares = eps^2
     eps_k = paper.gau_lrq_dynamic_round_epsilons(3, num_rounds=30, tau=0.9)
     assert eps_k[0] == pytest.approx(0.355, abs=5e-4) and eps_k[29] == pytest.approx(0.763, abs=5e-4)
     assert np.sum(eps_k**2) == pytest.approx(9.0, rel=1e-12)
-    # objective ratio dyn/fixed = sum tau^-k sigma_k^2 / (same for fixed) = AM^2/QM^2 = 0.8336 (spec §6.3, §10 item 10)
+    # objective ratio dyn/fixed = sum tau^-k sigma_k^2 / (same for fixed) = AM^2/QM^2 = 0.8336 (eqs. 17-18)
     w = 0.9 ** -np.arange(30.0)
     assert np.sum(w * sig**2) / np.sum(w * (fixed.noise_multiplier / math.sqrt(80)) ** 2) == pytest.approx(0.8336, abs=5e-5)
     # paper bits at A/S2 = 0.2: fixed 1.98, dynamic 1.54 (k = 0) to 2.35 (k = 29): more bits late
@@ -320,12 +320,12 @@ def test_train_sampling_options_are_refused_but_evaluation_options_compose():
                                           (1920, 80, 14, 1.058, 1.793), (960, 80, 25, 1.4138, 1.993),
                                           (1920, 80, 100, 1.0, 3.413)])
 def test_spec_poisson_approximation_understates_the_sampler_we_run(N, B, K, z, want):
-    """Spec §5.3's table (Poisson q = B/N, add/remove, RDP) is not a bound for B-of-N sampling under replace-one:
+    """An RDP table for Poisson q = B/N under add/remove is not a bound for B-of-N sampling under replace-one:
     the tight bound is always above it (50.4 against 12.2 at the paper's z), so it is no longer reported."""
     sch = gau_lrq_schedule(epsilon=3, delta=1e-5, num_rounds=K, B=B, N=N, noise_multiplier=z,
                            calibration="paper")
     assert sch.eps_rigorous > want
-    if z is None:  # the spec §5.4 worked example: the closed form says 3, the rigorous accountant far more
+    if z is None:  # the paper's closed form at eps 3: it says 3, the rigorous accountant far more
         assert sch.noise_multiplier[0] == pytest.approx(0.5162, abs=1e-4) and sch.eps_paper == pytest.approx(3.0)
         assert 50.3 <= sch.eps_rigorous <= 55.0
 

@@ -1,4 +1,4 @@
-"""The gossip messages, the reduction step and the in-process loop (COMMON.md 2.1)."""
+"""The gossip messages, the reduction step and the in-process loop."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ class _ToyNode:
         self.w = sum(s.weight for s in inbox)
 
 
-# The 3-node fixture of COMMON.md section 3 (Dyn-D2P 7.5 / DP-CSGP 7.4).
+# The 3-node non-regular digraph both Dyn-D2P and DP-CSGP are checked on.
 P3 = np.array([[1 / 3, 0, 1 / 2], [1 / 3, 1 / 2, 0], [1 / 3, 1 / 2, 1 / 2]])
 
 
 def test_three_node_fixture_weights_after_one_mix():
-    """w after one mix = 0.8333, 0.8333, 1.3333 (COMMON.md section 3 (a))."""
+    """w after one mix = 0.8333, 0.8333, 1.3333."""
     nodes = [_ToyNode(i, P3, x0) for i, x0 in enumerate([1.0, 2.0, 3.0])]
     log = run_iteration(nodes, 0)
     np.testing.assert_allclose([n.w for n in nodes], [5 / 6, 5 / 6, 4 / 3], atol=1e-12)

@@ -88,7 +88,7 @@ def test_ray_hosts_bit_identical_to_inprocess(ray_local):
             assert states[nd.node_id]["w"] == nd.w
         assert torch.equal(bits, ref_bits)
         assert metrics == ref_metrics
-        # push-sum weight mass is conserved exactly enough (COMMON.md 5.2) and the graph is irregular
+        # push-sum weight mass is conserved exactly enough and the graph is irregular
         assert sum(s["w"] for s in states.values()) == pytest.approx(N, abs=1e-12)
         assert len({round(s["w"], 9) for s in states.values()}) > 1
         avg = be.network_average()

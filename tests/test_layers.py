@@ -1,6 +1,6 @@
 """The package's layers point one way, and no module imports another that (transitively) imports it back.
 
-DESIGN.md "Repository layout": the core (``flower_dp`` minus the application modules) < ``clients`` |
+docs/architecture.md: the core (``flower_dp`` minus the application modules) < ``clients`` |
 ``strategies`` (siblings: neither imports the other) < the application (``flower_dp.experiments``,
 ``flower_dp.reproduce``, the audit and the CLIs).  Every ``import`` statement counts, the lazy ones inside
 functions included: this test reads the source (``ast``), it does not import anything.

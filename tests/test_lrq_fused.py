@@ -289,7 +289,7 @@ def test_property_fused_equals_numpy(u, log_sigma, dtype, chunk, key):
 
 
 def test_fused_decoded_error_is_gaussian(monkeypatch, numba_kernels):
-    """The fused path's error is N(0, sigma^2) (spec 10.1) for a sparse and a dense input."""
+    """The fused path's error is N(0, sigma^2) for a sparse and a dense input."""
     from scipy import stats
 
     n, sigma = 300_000, 0.05

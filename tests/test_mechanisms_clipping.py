@@ -1,4 +1,4 @@
-"""Per-sample clipping (torch.func) against a one-sample-at-a-time reference (STYLE.md 2.14 b)."""
+"""Per-sample clipping (torch.func) against a one-sample-at-a-time reference."""
 
 import math
 

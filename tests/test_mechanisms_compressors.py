@@ -1,4 +1,4 @@
-"""Compressors: contract test over the registry, spec numbers (dp-csgp.md 3.4, 7.1, 8.2, 9)."""
+"""Compressors: contract test over the registry, DP-CSGP's compressors and bit counts."""
 
 import math
 
@@ -60,7 +60,7 @@ def test_rand_a_mask_properties():
     nz = q != 0
     assert int(nz.sum()) == 750
     assert torch.equal(q[nz], x[nz])
-    assert make_compressor("rand_0.75").omega2(10) == pytest.approx(0.3)  # spec 3.4: d=10, k=7
+    assert make_compressor("rand_0.75").omega2(10) == pytest.approx(0.3)  # d=10, k=7
     _, ratio = _errors(make_compressor("rand_0.5"), _x(), 400)
     assert float(ratio.mean()) == pytest.approx(0.5, abs=0.01)
     assert not comp.unbiased
@@ -70,7 +70,7 @@ def test_gsgd_levels_and_exact_error():
     """Levels are integers in [0, s], signs match, and the MC error matches (||x||/s)^2 sum p(1-p) (7.1)."""
     x = _x(1)
     norm = float(x.norm())
-    for b, ref_ratio, bound in [(2, 11.5, 15.8), (4, 2.13, 3.95), (8, 0.0102, 0.061)]:  # spec 7.1 references
+    for b, ref_ratio, bound in [(2, 11.5, 15.8), (4, 2.13, 3.95), (8, 0.0102, 0.061)]:  # reference values
         comp = GSGD(b)
         s = 2 ** (b - 1)
         assert comp.omega2(D) == pytest.approx(bound, rel=0.01)
@@ -82,11 +82,11 @@ def test_gsgd_levels_and_exact_error():
         exact = float((norm / s) ** 2 * (p * (1 - p)).sum()) / norm**2
         _, ratio = _errors(comp, x, 300)
         assert float(ratio.mean()) == pytest.approx(exact, rel=0.05)
-        assert exact == pytest.approx(ref_ratio, rel=0.15)  # spec's seed-dependent reference values
+        assert exact == pytest.approx(ref_ratio, rel=0.15)  # seed-dependent reference values
 
 
 def test_gsgd_worked_example():
-    """x = (3, -4), b = 2: outputs lie in {0, +-2.5, +-5}; exact error 2.5 (dp-csgp.md 3.4)."""
+    """x = (3, -4), b = 2: outputs lie in {0, +-2.5, +-5}; exact error 2.5."""
     x = torch.tensor([3.0, -4.0], dtype=torch.float64)
     comp = GSGD(2)
     g = _gen(0)
@@ -108,7 +108,7 @@ def test_gsgd_bucket_and_rescale_bounds():
 
 @pytest.mark.parametrize(
     "name, d, bits",
-    [  # dp-csgp.md section 9 table (payload bits per message)
+    [  # payload bits per message
         ("identity", 101_770, 3_256_640),
         ("rand_0.75", 101_770, 2_442_464),
         ("rand_0.5", 101_770, 1_628_320),

@@ -1,4 +1,4 @@
-"""LRQ: decoded error exactly N(0, sigma^2), integrity, levels (gau-lrq.md 3, 10)."""
+"""LRQ: decoded error exactly N(0, sigma^2), integrity, levels (Gau-LRQ, Sec. IV)."""
 
 import dataclasses
 import math
@@ -42,7 +42,7 @@ def test_error_is_gaussian_1e6(kind):
 
 @pytest.mark.parametrize("sigma", [1e-3, 0.05, 1.0])
 def test_error_gaussian_for_fixed_inputs(sigma):
-    """Spec 10.1: u in {0, +-0.3, +-7.77, +-100} sigma, n = 2e5 each: KS p > 1e-3, |std - 1| < 0.01."""
+    """Exactly Gaussian error: u in {0, +-0.3, +-7.77, +-100} sigma, n = 2e5 each: KS p > 1e-3, |std - 1| < 0.01."""
     n = 200_000
     for i, c in enumerate([0.0, 0.3, -0.3, 7.77, -7.77, 100.0, -100.0]):
         u = np.full(n, c * sigma)
@@ -53,7 +53,7 @@ def test_error_gaussian_for_fixed_inputs(sigma):
 
 
 def test_hand_worked_example():
-    """Spec 3.5: x = 0.5, v = 0.4 -> L = -0.933174, R = 1.443115; flipped x = -0.8, v = 0.7."""
+    """A flipped layer (Def. 3): x = 0.5, v = 0.4 -> L = -0.933174, R = 1.443115; flipped x = -0.8, v = 0.7."""
     own, other = lrq._halfwidths(np.array([0.5, -0.8]), np.array([0.4, 0.7]))
     np.testing.assert_allclose([-other[0], own[0]], [-0.933174, 1.443115], atol=1e-6)
     np.testing.assert_allclose([-own[1], other[1]], [-1.163336, 1.191550], atol=1e-6)
@@ -64,7 +64,7 @@ def test_hand_worked_example():
 
 
 def test_layer_geometry_and_recipes_agree():
-    """Spec 10.4: L <= x <= R, min w >= w_min, mean w/sigma = 2.525, (x-L)/w ~ U(0,1); naive == stable."""
+    """Layers: L <= x <= R, min w >= w_min, mean w/sigma = 2.525, (x-L)/w ~ U(0,1); naive == stable."""
     sigma, n = 0.05, 10**6
     x, L, R = lrq.lrq_layers(np.random.default_rng(5), n, sigma)
     xn, Ln, Rn = lrq.lrq_layers(np.random.default_rng(5), n, sigma, stable=False)
@@ -79,7 +79,7 @@ def test_layer_geometry_and_recipes_agree():
 
 
 def test_error_lies_in_the_layer():
-    """Spec 10.5: e in (L, R] elementwise, using the same stream as chunk 0 of the key."""
+    """e in (L, R] elementwise, using the same stream as chunk 0 of the key."""
     sigma, n = 0.1, 50_000
     u = np.random.default_rng(1).uniform(-3, 3, n)
     _, uh = _roundtrip(u, sigma)
@@ -91,7 +91,7 @@ def test_error_lies_in_the_layer():
 
 
 def test_unbiased_and_independent_of_input():
-    """Spec 10.2/10.3: mean error within 4 SE over 2e4 draws; corr(e, u) < 0.02; e(0) ~ e(50 sigma)."""
+    """Mean error within 4 SE over 2e4 draws; corr(e, u) < 0.02; e(0) ~ e(50 sigma)."""
     sigma = 0.2
     for c in [0.0, 0.37, -5.0]:
         u = np.full(20_000, c)
@@ -146,7 +146,7 @@ def test_wrong_key_and_tampering_detected():
 
 
 def test_wrong_stream_gives_garbage():
-    """Why the check matters: decoding with another stream (tag bypassed) has error std ~2 sigma (spec 3.8)."""
+    """Why the check matters: decoding with another stream (tag bypassed) has error std ~2 sigma."""
     sigma, n = 0.05, 200_000
     u = np.random.default_rng(6).uniform(-20 * sigma, 20 * sigma, n)
     msg = lrq.encode(u, sigma, KEY)
@@ -164,9 +164,9 @@ def test_key_never_in_repr():
 
 
 def test_levels_within_spec_bound():
-    """Spec 10.6 / 3.8 table: max|m| <= ceil(A/w_min), distinct values <= 2 ceil(A/w_min) + 1."""
+    """Levels (Lemma 3): max|m| <= ceil(A/w_min), distinct values <= 2 ceil(A/w_min) + 1."""
     sigma = 0.05
-    table = {0.1: 3, 1.0: 3, 5.0: 7, 17.3: 17, 50.0: 45}  # A/sigma -> exact levels (spec 3.8)
+    table = {0.1: 3, 1.0: 3, 5.0: 7, 17.3: 17, 50.0: 45}  # A/sigma -> exact levels
     for i, (a, levels) in enumerate(table.items()):
         A = a * sigma
         assert lrq.lrq_levels(A, sigma) == levels
@@ -175,14 +175,14 @@ def test_levels_within_spec_bound():
         assert np.abs(msg.m.astype(np.int64)).max() <= math.ceil(A / lrq.lrq_w_min(sigma))
         assert np.unique(msg.m).size <= levels and msg.levels_used <= levels
         assert msg.m.dtype == np.int8
-    assert lrq.lrq_bits_paper(17.3, 1.0) == pytest.approx(3.972, abs=1e-3)  # spec 10.6
+    assert lrq.lrq_bits_paper(17.3, 1.0) == pytest.approx(3.972, abs=1e-3)  # Lemma 3's bound
     assert lrq.lrq_bits_fixed(17.3, 1.0) == 5  # ceil(log2 17)
     assert lrq.lrq_message_bits(1000, 17.3, 1.0) == 5 * 1000 + 32
     assert lrq.lrq_bits_fixed(0.0, 1.0) == 0 and lrq.lrq_levels(0.0, 1.0) == 1
 
 
 def test_entropy_small_inputs():
-    """Spec 3.8 table: A/sigma = 1 gives m in [-1, 1] with entropy ~0.92 bits (convention A)."""
+    """A/sigma = 1 gives m in [-1, 1] with entropy ~0.92 bits (convention A)."""
     u = np.random.default_rng(9).uniform(-1.0, 1.0, 200_000)
     msg = lrq.encode(u, 1.0, 99)
     assert set(np.unique(msg.m)) <= {-1, 0, 1}
@@ -190,7 +190,7 @@ def test_entropy_small_inputs():
 
 
 def test_float32_layers_and_tiny_sigma():
-    """float32 arithmetic also gives N(0, sigma^2); sigma -> 0 reproduces the input (spec 10.11)."""
+    """float32 arithmetic also gives N(0, sigma^2); sigma -> 0 reproduces the input."""
     sigma, n = 0.05, 300_000
     u = np.random.default_rng(7).normal(0, 1, n)
     msg, uh = _roundtrip(u, sigma, dtype="float32")
@@ -289,7 +289,7 @@ def test_tiny_updates_are_mostly_proven_zero(monkeypatch):
     key=st.integers(0, 2**64),
 )
 def test_property_error_in_layer_and_levels(u, log_sigma, key):
-    """Any input: e in (L, R] of its layer (spec 10.5) and |m| <= ceil(max|u| / w_min) (spec 3.7)."""
+    """Any input: e in (L, R] of its layer and |m| <= ceil(max|u| / w_min) (Lemma 3)."""
     sigma = 10.0**log_sigma
     msg = lrq.encode(u, sigma, key)
     e = lrq.decode(msg, sigma, key) - u

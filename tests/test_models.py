@@ -25,13 +25,13 @@ def _resnet_cifar_count(blocks, num_classes, in_channels=3):
 @pytest.mark.parametrize(
     "name, kwargs, expected, shape",
     [
-        ("shallow_cnn", {}, 582_026, (2, 1, 28, 28)),  # dyn-d2p.md 8 #11
-        ("mlp_2layer", {}, 101_770, (2, 1, 28, 28)),  # privsgp-vr.md 5.3: 784-128-10
-        ("partpsp_mlp", {}, 24_324, (2, 1, 28, 28)),  # dpps-partpsp.md 4.3: whole model d = 24,324
+        ("shallow_cnn", {}, 582_026, (2, 1, 28, 28)),  # FedAvg-style CNN
+        ("mlp_2layer", {}, 101_770, (2, 1, 28, 28)),  # PrivSGP-VR App. E's 2-layer net (width 128 our choice)
+        ("partpsp_mlp", {}, 24_324, (2, 1, 28, 28)),  # PartPSP's MLP: whole model d = 24,324
         ("partpsp_mlp", {"structure": "code10"}, 24_324, (2, 784)),
-        ("lenet", {}, 61_706, (2, 1, 28, 28)),  # gau-lrq.md 8.2: 61,706, "about 6e4"
-        ("resnet18_cifar_gn", {}, 11_173_962, (2, 3, 32, 32)),  # privsgp-vr.md 5.2 / dp-csgp.md
-        ("resnet18_tv_bn", {}, 11_181_642, (2, 1, 28, 28)),  # dpps-partpsp.md 4.3 (torchvision, FMNIST grey)
+        ("lenet", {}, 61_706, (2, 1, 28, 28)),  # Gau-LRQ Sec. VII: "about 6e4"
+        ("resnet18_cifar_gn", {}, 11_173_962, (2, 3, 32, 32)),  # PrivSGP-VR Sec. 5.1 / DP-CSGP
+        ("resnet18_tv_bn", {}, 11_181_642, (2, 1, 28, 28)),  # DPPS's code (torchvision, FMNIST grey)
         ("logreg", {"in_features": 20}, 210, (2, 20)),
     ],
 )
@@ -40,12 +40,12 @@ def test_parameter_counts_and_forward(name, kwargs, expected, shape):
     assert count_parameters(m) == expected
     assert m(torch.zeros(shape)).shape == (2, 10)
     has_bn = any(isinstance(x, torch.nn.modules.batchnorm._BatchNorm) for x in m.modules())
-    assert has_bn == (name == "resnet18_tv_bn")  # the only BatchNorm model (COMMON.md 6 #16)
+    assert has_bn == (name == "resnet18_tv_bn")  # the only BatchNorm model
     assert model_name_of(m) == name
 
 
 def test_resnet_counts_match_closed_form():
-    """ResNet-18 closed form reproduces 11,173,962; ResNet-34 (gau-lrq.md 8.2: "about 21.3M") for CIFAR-100."""
+    """ResNet-18 closed form reproduces 11,173,962; ResNet-34 (Gau-LRQ: "about 21.3M") for CIFAR-100."""
     assert _resnet_cifar_count((2, 2, 2, 2), 10) == 11_173_962
     m34 = build_model("resnet34_cifar_gn", num_classes=100)
     n34 = count_parameters(m34)
@@ -105,7 +105,7 @@ def test_vmap_per_sample_grads_match_microbatch(name, shape, kwargs):
 
 
 def test_partpsp_shared_blocks():
-    """dpps-partpsp.md 4.3: MLP PartPSP-1 shares 7,850 parameters, PartPSP-2 16,474; torchvision ResNet-18
+    """The PartPSP paper: MLP PartPSP-1 shares 7,850 parameters, PartPSP-2 16,474; torchvision ResNet-18
     PartPSP-1 157,504 and PartPSP-2 683,072."""
     m = build_model("partpsp_mlp")
     params = dict(m.named_parameters())

@@ -46,7 +46,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_core_never_imports_flower_or_the_glue_packages():
-    """DESIGN.md: the core knows nothing of Flower, clients or strategies.  Flower Datasets (``flwr_datasets``)
+    """The core knows nothing of Flower, clients or strategies.  Flower Datasets (``flwr_datasets``)
     is a data library, not the Flower runtime: ``flower_dp.data`` may use its partitioners (issue 2), lazily."""
     offenders = []
     for entry in CORE:

@@ -38,7 +38,7 @@ def test_matches_dp_accounting_called_directly():
     acc.compose(dpa.PoissonSampledDpEvent(1 / 3125, dpa.GaussianDpEvent(0.5222)), 3120)
     ours = rigorous_epsilon([GaussianStep(1 / 3125, 0.5222, 3120)], 1e-5, accountant="rdp")
     assert ours == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
-    assert ours == pytest.approx(3.001, abs=0.01)  # privsgp-vr.md 4.5 test vector
+    assert ours == pytest.approx(3.001, abs=0.01)  # computed independently with dp-accounting
 
 
 def test_composition_identities():
@@ -130,7 +130,7 @@ def test_poisson_replace_one_is_charged_the_symmetrised_pair():
 
 
 def test_sampling_without_replacement_privsgp_vr():
-    """privsgp-vr.md 4.5: fixed-size sampling w/o replacement, replace-one, CIFAR eps=3, K=3120 -> z* = 0.5548
+    """PrivSGP-VR's setting: fixed-size sampling w/o replacement, replace-one, CIFAR eps=3, K=3120 -> z* = 0.5548
     relative to the replace-one sensitivity (2 x clip), i.e. nu = 1.1096 relative to the clip bound, by
     dp-accounting's RDP bound for sampling without replacement: the RDP the accountant keeps for this sampler.
     The PLD of the symmetrised pair is the other proven bound; the smaller of the two is reported."""

@@ -21,11 +21,11 @@ from flower_dp.privacy import (
     rigorous_epsilon,
 )
 
-A_CIFAR = 342_000_036.4  # privsgp-vr.md 4.4: 13 F0 + 6 L ||x0||^2 + 18 L b^2
+A_CIFAR = 342_000_036.4  # PrivSGP-VR eq. (12)'s constant at its CIFAR-10 setting: 13 F0 + 6 L ||x0||^2 + 18 L b^2
 
 
 def test_privsgp_vr_k_star_and_sigma():
-    """privsgp-vr.md 4.4 Example 1: K* = 3120.06 with c2 = 0.3724, d = 11,173,962; sigma(K=3120) = 0.225855."""
+    """PrivSGP-VR eq. (12), CIFAR-10: K* = 3120.06, c2 = 0.3724, d = 11,173,962; sigma(K=3120) = 0.225855."""
     ks = paper.k_star_privsgp_vr(3.0, 1e-5, J=3125, n_nodes=16, A=A_CIFAR, L=25, d=11_173_962, G=10, c2=0.3724)
     assert ks == pytest.approx(3120.06, abs=0.01)
     assert round(ks) == 3120
@@ -38,7 +38,7 @@ def test_privsgp_vr_k_star_and_sigma():
 
 
 def test_privsgp_vr_paper_mode_reports_real_eps():
-    """The paper's sigma at K* is ~70x too small: its rigorous eps is enormous (privsgp-vr.md 4.5)."""
+    """The paper's sigma at K* is ~70x too small: its rigorous eps is enormous."""
     cal = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, calibration="paper", c2=0.3724,
                                  accountant="rdp")
     assert cal.noise_std == pytest.approx(0.225855, abs=1e-6)
@@ -53,7 +53,7 @@ def test_privsgp_vr_paper_mode_reports_real_eps():
 
 
 def test_dp_csgp_worked_example_w3():
-    """dp-csgp.md 4.4 W3 (eps=3): paper sigma 0.018967 (RDP eps ~7.44), rigorous sigma 0.030063."""
+    """DP-CSGP W3 (eps=3): paper sigma 0.018967 (RDP eps ~7.44), rigorous sigma 0.030063."""
     paper_cal = dp_csgp_calibration(3.0, 1e-4, num_iters=3906, J=5000, batch_size=64, G=1.5, calibration="paper",
                                     accountant="rdp")
     assert paper_cal.noise_std == pytest.approx(0.01896723, rel=1e-6)
@@ -65,7 +65,7 @@ def test_dp_csgp_worked_example_w3():
 
 
 def test_dyn_d2p_schedule_T1_values():
-    """dyn-d2p.md 4.5 T1 (paper mode): sigma_k for dyn / dyn_c / dyn_mu / const at k = 0, 500, 999."""
+    """Dyn-D2P (paper mode): sigma_k for dyn / dyn_c / dyn_mu / const at k = 0, 500, 999."""
     kw = dict(epsilon=1.0, delta=1e-5, q=0.01, num_iters=1000, clip0=4.0, clip_bar=2.0, rho_c=2.0, rho_mu=2.0,
               calibration="paper", accountant="rdp")
     table = {
@@ -94,7 +94,7 @@ def test_dyn_d2p_rigorous_meets_target_and_paper_overshoots():
 
 
 def test_gau_lrq_fixed_and_dynamic_examples():
-    """gau-lrq.md 5.4 / 6.3: MNIST N=1920, B=80, K=30, eps=3, delta=1e-5, tau=0.9, accounted for the sampler
+    """Gau-LRQ MNIST N=1920, B=80, K=30, eps=3, delta=1e-5, tau=0.9, accounted for the sampler
     the strategy runs (B of N without replacement, replace-one client): the tight dominating pair gives 50.4
     for the paper's z = 0.516 (the old RDP bound for sampling without replacement said 290.5)."""
     fixed = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920, calibration="paper")
@@ -105,7 +105,7 @@ def test_gau_lrq_fixed_and_dynamic_examples():
     dyn = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920, tau=0.9, calibration="paper")
     assert dyn.noise_multiplier[0] / math.sqrt(80) == pytest.approx(0.08898, abs=1e-5)
     assert dyn.noise_multiplier[29] / math.sqrt(80) == pytest.approx(0.04145, abs=1e-5)
-    assert dyn.eps_rigorous > fixed.eps_rigorous  # gau-lrq.md 6.3: the dynamic schedule costs more
+    assert dyn.eps_rigorous > fixed.eps_rigorous  # the dynamic schedule costs more
     rig = gau_lrq_schedule(epsilon=3.0, delta=1e-5, num_rounds=30, B=80, N=1920)
     # the noise that meets eps = 3 for this sampler, no more (within the calibration's 0.1 %)
     assert 2.99 <= rig.eps_rigorous <= 3.0 and np.ptp(rig.noise_multiplier) == 0.0
@@ -113,7 +113,7 @@ def test_gau_lrq_fixed_and_dynamic_examples():
 
 
 def test_dpps_accounting_example():
-    """dpps-partpsp.md 5.3: b=3, gamma_n 1e-3/1e-4/1e-5 over 240/300/180 rounds -> basic 6.37e7."""
+    """DPPS, b=3, gamma_n 1e-3/1e-4/1e-5 over 240/300/180 rounds -> basic 6.37e7."""
     sched = [1e-3] * 240 + [1e-4] * 300 + [1e-5] * 180
     with pytest.warns(UserWarning, match="no meaningful DP"):
         acc = dpps_accounting(3.0, sched, 1e-5)
@@ -121,7 +121,7 @@ def test_dpps_accounting_example():
     assert acc.eps_basic == pytest.approx(6.372e7, rel=1e-3)
     assert acc.eps_round_paper[0] == pytest.approx(3000.0)
     assert acc.heuristic
-    # dpps-partpsp.md 5.3 ex. 3: gamma_n = 1, b = 0.1, T = 720: basic 72.0, Laplace-RDP ~16.11 (PLD is tighter)
+    # gamma_n = 1, b = 0.1, T = 720: basic 72.0, Laplace-RDP ~16.11 (PLD is tighter)
     small = dpps_accounting(0.1, [1.0] * 720, 1e-5)
     assert small.eps_basic == pytest.approx(72.0)
     assert small.eps_composed < 16.2
@@ -129,7 +129,7 @@ def test_dpps_accounting_example():
 
 
 def test_dyn_d2p_example_c_clt_accurate_and_replace_one():
-    """dyn-d2p.md 4.5 Example C (B=64, p=0.0256, K=3900): mu_bar 0.194492, mu0 0.132030; PLD const ~1.0085.
+    """Dyn-D2P (B=64, p=0.0256, K=3900): mu_bar 0.194492, mu0 0.132030; PLD const ~1.0085.
 
     A 3,900-step dynamic schedule is accounted in seconds (bucketing)."""
     kw = dict(epsilon=1.0, delta=1e-4, q=0.0256, num_iters=3900, clip0=7.0, clip_bar=3.0, rho_c=2.0, rho_mu=2.0,
@@ -146,7 +146,7 @@ def test_dyn_d2p_example_c_clt_accurate_and_replace_one():
 
 
 def test_dyn_d2p_variants_reduce_and_nonprivate():
-    """dyn-d2p.md 3.7: rho = 1 collapses every variant onto const; nonprivate has no noise."""
+    """rho = 1 collapses every variant onto const; nonprivate has no noise."""
     kw = dict(epsilon=1.0, delta=1e-5, q=0.01, num_iters=50, clip0=2.0, clip_bar=2.0, rho_c=1.0, rho_mu=1.0,
               calibration="paper")
     ref = dyn_d2p_schedule("const", **kw).noise_std_sum
@@ -188,7 +188,7 @@ def test_bad_input(call, match):
 
 
 def test_dyn_d2p_example_a_documents_the_clt_gap():
-    """dyn-d2p.md 7 #16 / 4.5 Example A (B=1, p=4e-4, K=50,000, eps=1): PLD eps of const is ~1.214, not 1."""
+    """Dyn-D2P (B=1, p=4e-4, K=50,000, eps=1): PLD eps of const is ~1.214, not 1."""
     with pytest.warns(UserWarning, match="rigorous eps of this schedule is 1.2"):
         s = dyn_d2p_schedule("const", epsilon=1.0, delta=1e-4, q=4e-4, num_iters=50_000, clip_bar=3.0,
                              calibration="paper")
@@ -209,11 +209,11 @@ def test_calibrated_schedule_never_exceeds_target(eps, q, rho, k):
 
 
 def test_privsgp_vr_without_replacement_and_blocks():
-    """privsgp-vr.md 4.5: w/o replacement + replace-one gives z* = 0.5548 over 2 x 3G, i.e. nu = 1.1096 over 3G;
+    """PrivSGP-VR: w/o replacement + replace-one gives z* = 0.5548 over 2 x 3G, i.e. nu = 1.1096 over 3G;
     8.6: with blocks of b the paper sigma is unchanged and nu = sigma b / (3G)."""
     swor = privsgp_vr_calibration(3.0, 1e-5, num_iters=3120, J=3125, G=10, accountant="rdp", adjacency="replace_one",
                                   sampling="without_replacement", vr=False)
-    # the spec's z* (RDP for sampling without replacement, the one RDP bound proven for this sampler) meets eps = 3
+    # z* (RDP for sampling without replacement, the one RDP bound proven for this sampler) meets eps = 3
     assert swor.noise_multiplier == pytest.approx(2 * 0.5548, rel=2e-4) and 2.99 <= swor.eps_rigorous <= 3.0
     with pytest.raises(ValueError, match="replace_one"):
         privsgp_vr_calibration(3.0, 1e-5, num_iters=10, J=100, G=10, adjacency="add_remove")

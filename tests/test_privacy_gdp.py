@@ -1,4 +1,4 @@
-"""GDP conversions and Dyn-D2P's schedule solvers against dyn-d2p.md 4.5."""
+"""GDP conversions and Dyn-D2P's schedule solvers against values computed independently (numpy/scipy)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from flower_dp.privacy import gdp
      (1.0, 1e-5, 0.26805112), (3.0, 1e-5, 0.719117)],
 )
 def test_mu_tot_table(eps, delta, mu):
-    """dyn-d2p.md 4.5: mu_tot from (eps, delta) via eq. (4)."""
+    """mu_tot from (eps, delta) via eq. (4)."""
     assert gdp.mu_from_eps_delta(eps, delta) == pytest.approx(mu, abs=2e-6)
     assert gdp.eps_from_mu_delta(mu, delta) == pytest.approx(eps, rel=1e-4)
 

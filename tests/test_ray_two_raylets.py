@@ -4,7 +4,7 @@
 declaring one GPU.  No CUDA is needed: Ray only hands out GPU ids, so asking each host actor for a
 whole GPU forces one host onto each raylet.  The nodes compute on the CPU (``device="cpu"``), and
 a push-sum run in the reproducible (seeded) noise mode must give the same numbers bit for bit as
-the in-process loop (DESIGN.md: same seed, same config -> same numbers on every backend, CPU).
+the in-process loop (same seed, same config -> same numbers on every backend, CPU).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every release is charged or not released (issue 12, item 3; DESIGN.md "Privacy: tell the truth").
+"""Every release is charged or not released (issue 12, item 3; docs/privacy.md).
 
 Inspects everything a push-sum node sends (shares and reduce contributions on the in-process
 backend, the relay transport's ClientApp replies, the Ray hosts' segment results) and every Gau-LRQ

@@ -206,7 +206,7 @@ def test_privsgp_vr_kstar_constants_and_grid():
         assert math.isfinite(c[key]) and c[key] > 0, key
     assert c["d"] == 101_770 and c["F0"] == pytest.approx(math.log(10), rel=0.1)  # ~uniform logits at init
     K = formulas.k_star_privsgp_vr(1.0, 1e-5, J=600, n_nodes=4, A=c["A"], L=c["L"], d=c["d"], G=0.5, c2=mod.C2)
-    # homogeneous budgets: K* does not depend on n, scales like J^2 and eps^2 (spec 4.3)
+    # homogeneous budgets: K* does not depend on n, scales like J^2 and eps^2 (eq. 12)
     K2 = formulas.k_star_privsgp_vr(2.0, 1e-5, J=1200, n_nodes=9, A=c["A"], L=c["L"], d=c["d"], G=0.5, c2=mod.C2)
     assert K2 == pytest.approx(16 * K)
     specs = mod.PAPER.build_runs("smoke", "headline", [0])
@@ -321,7 +321,7 @@ def test_full_scale_only_experiments_have_the_papers_settings():
     from flower_dp.reproduce.papers import privsgp_vr
 
     pv = get_paper("privsgp-vr")
-    assert privsgp_vr.fig2_k_star() == pytest.approx(3120.06, abs=0.01)  # spec 4.3 Example 1
+    assert privsgp_vr.fig2_k_star() == pytest.approx(3120.06, abs=0.01)  # eq. (12) at the paper's CIFAR-10 constants
     fig2 = pv.build_runs("full", "fig2", [0])
     assert sorted(s.labels["K"] for s in fig2) == [500, 1125, 3120, 6250, 12500]
     cfg = fig2[0].config
@@ -385,7 +385,7 @@ def test_partpsp_table4_time_model(tmp_path):
     rows = mod._t4_rows(recs, "smoke")
     mlp = build_model("partpsp_mlp")
     ratio = mod._shared_sizes("partpsp_mlp")["PartPSP-1"] / count_parameters(mlp)
-    assert ratio == pytest.approx(7850 / count_parameters(mlp))  # spec 4.3: d_s = 7,850
+    assert ratio == pytest.approx(7850 / count_parameters(mlp))  # the paper: d_s = 7,850
     for t in ("EXP", "2-Out"):
         sgp, p1 = rows[("SGP", t)], rows[("PartPSP-1", t)]
         assert p1["comm"] / sgp["comm"] == pytest.approx(ratio, rel=1e-3)  # same messages, smaller payload
@@ -458,7 +458,7 @@ def test_partpsp_table2_full_grid_and_its_aggregate_claims():
 
 @pytest.mark.parametrize("scale", ["smoke", "ci", "full"])
 def test_partpsp_each_algorithm_gets_its_mlp(scale):
-    """Every PartPSP table builds PartPSP-1 on the MLP with the code10 network (spec 4.3: every input passes the noisy
+    """Every PartPSP table builds PartPSP-1 on the MLP with the code10 network (every input passes the noisy
     10-unit shared layer, which is l1 alone), and every other MLP run (PartPSP-2, SGPDP, SGP, PEDFL) with res784."""
     from flower_dp.experiments import config_from_dict
     from flower_dp.models import build_model, shared_parameter_names

@@ -2,7 +2,7 @@
 
 For each target the paper-scale specs build, every push-sum config passes the experiment config validator
 (every Gau-LRQ config names only parameters of ``run_gau_lrq``), no run uses a ResNet/ViT, and the key values
-are the spec's: n, K (rounds / iterations), batch, learning rate, the eps grid and the seeds.
+are the paper's: n, K (rounds / iterations), batch, learning rate, the eps grid and the seeds.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def test_dp_csgp_figs_1_2_paper_scale():
         c, p = s.config, s.config["algorithm"]["params"]
         assert c["topology"] == {"name": "exp_all_hops", "n_nodes": 10}
         assert c["data"]["samples_per_node"] is None and c["data"]["test_samples"] is None  # J = 6000, full test set
-        assert c["run"]["num_iters"] == 4687  # spec 5 default: about 50 epochs at B = 64
+        assert c["run"]["num_iters"] == 4687  # about 50 epochs at B = 64
         assert (p["batch_size"], p["lr"], p["G"], p["delta"]) == (64, 0.01, 0.5, 1e-4)
         assert c["model"]["name"] == "mlp_2layer"
 

@@ -1,4 +1,4 @@
-"""Topologies: column-stochastic mixing, hop cycles, connectivity, push-sum behaviour (COMMON.md 3 and 5)."""
+"""Topologies: column-stochastic mixing, hop cycles, connectivity, push-sum behaviour."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def test_repeated_mixing_drives_ratio_to_average(topo):
 
 
 def test_three_node_fixture():
-    """COMMON.md 3 (a): w after one mix = 0.8333, 0.8333, 1.3333."""
+    """The 3-node fixture (Dyn-D2P and DP-CSGP's test matrix): w after one mix = 0.8333, 0.8333, 1.3333."""
     P = np.array([[1 / 3, 0, 1 / 2], [1 / 3, 1 / 2, 0], [1 / 3, 1 / 2, 1 / 2]])
     topo = T.from_matrix(P)
     assert not topo.doubly_stochastic
@@ -147,7 +147,7 @@ def test_doubly_stochastic_required_error():
 
 
 def test_exp_two_peer_is_dpps_exp_graph():
-    """dpps-partpsp.md 6.4: N = 10 -> B = 4, node i sends to itself and i + 2^(t mod 4), weight 1/2."""
+    """DPPS's EXP graph (Remark 2): N = 10 -> B = 4, node i sends to itself and i + 2^(t mod 4), weight 1/2."""
     two, one = T.exp_two_peer(10), T.exp_one_peer(10)
     assert two.period == 4 and two.doubly_stochastic and two.name == "exp_two_peer"
     for k in range(8):
@@ -158,7 +158,7 @@ def test_exp_two_peer_is_dpps_exp_graph():
 
 @pytest.mark.parametrize("n, m", [(2, 1), (3, 2), (4, 2), (5, 3), (9, 4), (16, 4), (17, 5), (20, 5), (33, 6)])
 def test_hop_count_integer_arithmetic(n, m):
-    """m = floor(log2(n - 1)) + 1 (COMMON.md 3); PrivSGP-VR 7 #6: n = 16 -> m = 4, one message in per node."""
+    """m = floor(log2(n - 1)) + 1; n = 16 -> m = 4, one message in per node."""
     topo = T.exp_one_peer(n)
     assert topo.period == m
     assert T.exp_all_hops(n).out_neighbors(0, 0) == sorted({2**e % n for e in range(m)})
@@ -171,7 +171,7 @@ def test_hop_count_integer_arithmetic(n, m):
               lambda n: T.d_out(n, 1), lambda n: T.with_sync(T.exp_one_peer(n), 3)]
 )
 def test_single_node_is_identity(build):
-    """n = 1 means no communication: P = [[1]], no neighbours (COMMON.md 5 #6)."""
+    """n = 1 means no communication: P = [[1]], no neighbours."""
     topo = build(1)
     assert topo.n == 1 and topo.matrix(0).tolist() == [[1.0]] and topo.matrix(7).tolist() == [[1.0]]
     assert topo.out_neighbors(0, 0) == [] and topo.send_weights(0, 3) == {0: 1.0}
@@ -226,7 +226,7 @@ def test_random_irregular_properties_many_seeds(n):
 
 
 def test_privsgp_vr_time_varying_fixture():
-    """COMMON.md 3 (b) / privsgp-vr.md 7 #5: node 0 pushes to 2 peers with 1/3, others to 1 peer with 1/2.
+    """PrivSGP-VR's time-varying graph: node 0 pushes to 2 peers with 1/3, others to 1 peer with 1/2.
 
     w drifts from 1 and sum(w) == n, but z = x/w converges to the initial average; x alone does not."""
     n = 5

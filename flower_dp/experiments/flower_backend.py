@@ -1,4 +1,4 @@
-"""Run an experiment config as a Flower simulation on Ray (DESIGN.md backend 2), same results file.
+"""Run an experiment config as a Flower simulation on Ray, same results file.
 
 :func:`run_flower_experiment` is the Flower twin of :func:`flower_dp.experiments.run_experiment`: one SuperNode per
 push-sum node, one Flower round per segment of ``run.eval_every`` iterations, shares exchanged peer to peer between

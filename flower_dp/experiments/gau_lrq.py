@@ -1,6 +1,6 @@
-"""Gau-LRQ experiments: the paper's MNIST/LeNet setting (spec gau-lrq.md §8) at a chosen scale.
+"""Gau-LRQ experiments: the paper's MNIST/LeNet setting (Sec. VII, Table II) at a chosen scale.
 
-One call runs one method (Gau-LRQ, Dynamic Gau-LRQ or a baseline of spec §7) with the real
+One call runs one method (Gau-LRQ, Dynamic Gau-LRQ or a baseline of the paper's Sec. VII) with the real
 :class:`~flower_dp.strategies.gau_lrq.GauLRQ` strategy and the real client mod, either in a Flower
 simulation (``backend="simulation"``: ``flwr run`` on Ray, :mod:`flower_dp.experiments.gau_lrq_app`) or in
 this process (``backend="inprocess"``, default): an :class:`InProcessGrid` hands each train message to the
@@ -14,7 +14,7 @@ the two sample other clients: equal in law, not bit-identical.
     >>> res["accuracy_per_round"][-1], res["bits_per_round"], res["eps_rigorous"], res["eps_paper"]
 
 The client side (:func:`train`) is ordinary PyTorch code that knows nothing about privacy; the
-Gau-LRQ mod does the clipping and encoding.  Data follow spec §8.2: client ``p`` gets ``per_class``
+Gau-LRQ mod does the clipping and encoding.  Data follow the paper's Sec. VII: client ``p`` gets ``per_class``
 samples of every class, drawn independently of other clients (overlap allowed), a deterministic
 function of ``(seed, p)``; local training is SGD with momentum 0.9 and weight decay 5e-4, batch 32.
 Results name the dataset used (Fashion-MNIST is the offline stand-in for MNIST).
@@ -77,7 +77,7 @@ def resolve_method(name: str) -> str:
 # The user's side: plain PyTorch, nothing about privacy
 # ----------------------------------------------------------------------------------------------
 def new_model(name: str = "lenet", seed: int = 0, num_classes: int = 10) -> torch.nn.Module:
-    """LeNet-5 (spec §8.2, 61,706 parameters) or another :func:`flower_dp.models.build_model` name."""
+    """LeNet-5 (61,706 parameters) or another :func:`flower_dp.models.build_model` name."""
     return build_model(name, seed=seed, num_classes=num_classes)
 
 

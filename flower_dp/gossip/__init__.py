@@ -1,6 +1,6 @@
 """Moving push-sum shares between nodes: the messages, and the backends that move them.
 
-The transport knows nothing about algorithms (STYLE.md 2.9): topology says *who*,
+The transport knows nothing about algorithms: topology says *who*,
 mixing weights say *how much*, this package says *how messages move*.  One iteration is
 :func:`run_protocol_iteration` on every backend (in-process, Ray host actors, server relay);
 a backend only carries its phases out.  Ray is imported lazily, only by the Ray backend.

@@ -1,6 +1,6 @@
 """The in-process backend: every node in one Python process, stepped in a fixed order.
 
-This is the reference semantics (DESIGN.md "One algorithm, many backends"): the Ray
+This is the reference semantics (one algorithm, many backends): the Ray
 and relay backends must reproduce its numbers bit for bit on CPU.  All three run the one
 iteration protocol, :func:`flower_dp.gossip.protocol.run_protocol_iteration`; here its phases
 are plain calls on the nodes (:class:`InProcessPhases`).

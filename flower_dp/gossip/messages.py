@@ -1,6 +1,6 @@
 """What push-sum nodes exchange, and the node interface every backend drives.
 
-COMMON.md section 2.1.  A ``Share`` is *sender-scaled*: its tensors and weight are
+A ``Share`` is *sender-scaled*: its tensors and weight are
 already multiplied by ``P^k[receiver, sender]``.  The outbox of ``local_step`` includes
 the self-share (receiver == sender, ``wire_bits == 0``).  Transports treat ``tensors``
 as opaque payloads and never look inside.
@@ -54,7 +54,7 @@ class Contribution:
 
     ``op`` is ``"max"`` or ``"sum"`` over scalars/arrays, or ``"max_pairwise_l1"``:
     the value is a vector and the reduction is ``max_{i,j} ||v_i - v_j||_1`` (DPPS's
-    real-sensitivity oracle, COMMON.md F2).
+    real-sensitivity oracle).
     """
 
     value: Any
@@ -63,7 +63,7 @@ class Contribution:
 
 @runtime_checkable
 class Node(Protocol):
-    """The push-sum node interface (COMMON.md 2.1).
+    """The push-sum node interface.
 
     Backends call, for every iteration ``k``: ``contribute(k)`` on all nodes, reduce,
     ``local_step(k, reduced)`` on all nodes, then ``mix(inbox)`` with the inbox sorted

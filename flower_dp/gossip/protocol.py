@@ -1,6 +1,6 @@
 """The push-sum iteration protocol: one function that every backend runs.
 
-DESIGN.md "One algorithm, many backends": the in-process loop (:mod:`.inprocess`), the Ray host actors
+One algorithm, many backends: the in-process loop (:mod:`.inprocess`), the Ray host actors
 (:mod:`.ray_host`) and the server relay (:class:`flower_dp.gossip.relay.RelayPhases`, driven by the Flower strategy)
 all run iteration ``k`` through :func:`run_protocol_iteration`.  It owns the order of the phases, the reduction, the
 routing checks, the bit accounting and the routing::

@@ -1,6 +1,6 @@
 """The Ray backend: a few long-lived *host actors*, each holding several push-sum nodes.
 
-DESIGN.md "One algorithm, many backends" (measured here): one Ray process per node
+One algorithm, many backends (measured here): one Ray process per node
 oversubscribes the cores; a few host actors (one per core or per GPU) that step their
 nodes and exchange shares *directly with each other* are the fast way.  Per iteration
 ``k`` every host

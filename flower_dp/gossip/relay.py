@@ -225,7 +225,7 @@ class RelayPhases:
 
 
 class RelayGossipBackend:
-    """The relay backend: the coordinator routes every share (DESIGN.md backend 4), with the interface of
+    """The relay backend: the coordinator routes every share, with the interface of
     :class:`flower_dp.gossip.RayGossipBackend` that :class:`flower_dp.strategies.PushSumStrategy` drives.
 
     Parameters

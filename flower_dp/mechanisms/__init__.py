@@ -1,10 +1,10 @@
 """Privacy mechanisms: flat parameter vectors, per-sample clipping, noise, compressors, LRQ.
 
-- :mod:`.flat` — model <-> flat 1-D vector helpers (node state is flat, STYLE.md 2.7).
+- :mod:`.flat` — model <-> flat 1-D vector helpers (node state is flat).
 - :mod:`.clipping` — per-sample L2 clipping with ``torch.func``; the plain batch gradient.
 - :mod:`.noise` — Gaussian and Laplace noise from an explicit ``torch.Generator``.
-- :mod:`.compressors` — identity, rand_a, gsgd_b, top-k with exact bit counts (dp-csgp.md 3.4, 9).
-- :mod:`.lrq` — the layered randomized quantizer with exactly Gaussian error (gau-lrq.md 3).
+- :mod:`.compressors` — identity, rand_a, gsgd_b, top-k with exact bit counts.
+- :mod:`.lrq` — the layered randomized quantizer with exactly Gaussian error (Gau-LRQ, Sec. IV).
 """
 
 from flower_dp.mechanisms import lrq

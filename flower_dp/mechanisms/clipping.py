@@ -1,9 +1,9 @@
 """Per-sample L2 clipping of whole-model gradients (torch.func), and the plain batch gradient.
 
 ``clipL2_C(v) = v * min(1, C / ||v||_2)`` on the flattened gradient of *all* trainable
-parameters together (COMMON.md 2.2; dp-csgp.md 3.5; dyn-d2p.md 3.8).  Per-sample gradients
+parameters together (Dyn-D2P, PrivSGP-VR and DP-CSGP all clip per sample in L2).  Per-sample gradients
 come from ``vmap(grad(loss of one sample))`` over ``functional_call``; the model is never
-modified and nothing is patched onto it (STYLE.md 2.7).
+modified and nothing is patched onto it.
 
 What the accountant relies on: each record's contribution to the returned sum has L2 norm
 <= ``clip`` (the add/remove sensitivity of the sum is ``clip``).  This holds only if the
@@ -40,7 +40,7 @@ _BATCHNORM = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
 @dataclass(frozen=True)
 class ClipStats:
-    """Metrics of one clipping call (pfl-style, STYLE.md 2.15).
+    """Metrics of one clipping call (pfl-style).
 
     Attributes
     ----------

@@ -1,14 +1,14 @@
-"""Message compressors for DP-CSGP with exact bit counts (dp-csgp.md 3.3-3.4, 8.1, 9).
+"""Message compressors for DP-CSGP with exact bit counts (DP-CSGP paper, Assumption 4 and its experiments).
 
 Each compressor maps a flat vector ``x`` (shape (d,)) to the *decompressed* estimate
 ``Q(x)`` as a dense tensor; the bits it would cost on the wire come from the cost model
-(:meth:`Compressor.bits`, dp-csgp.md section 9), never from object sizes.
+(:meth:`Compressor.bits`), never from object sizes.
 
-Contraction convention (dp-csgp.md 3.3, Assumption 4): ``E||Q(x) - x||^2 <= omega^2 ||x||^2``;
+Contraction convention (DP-CSGP, Assumption 4): ``E||Q(x) - x||^2 <= omega^2 ||x||^2``;
 :meth:`Compressor.omega` returns ``omega`` (not squared).  ``Q(0) = 0`` for all.
 Compressor randomness (rand_a masks, gsgd dithers) is data-independent post-processing
 and costs no privacy; draw it from ``flower_dp.rng.torch_generator(seed, node, "compress", k)``
-(never from the data or noise streams; dp-csgp.md 8.2 item 15).
+(never from the data or noise streams).
 
 =================  ========  =====================================  ==========================================
 name               unbiased  omega^2                                bits for a d-vector
@@ -21,7 +21,7 @@ topk_<f>           no        1 - floor(f d)/d (deterministic bound)  k (32 + cei
 =================  ========  =====================================  ==========================================
 
 ``rand_a`` is the paper's *biased* keep-a-fraction version (no 1/a rescaling).  Whole-vector
-``gsgd_8`` is not contractive at realistic d (omega^2 >= 1); use ``bucket=512`` (dp-csgp.md 8.1).
+``gsgd_8`` is not contractive at realistic d (omega^2 >= 1); use ``bucket=512``.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Compressor(ABC):
 
     @abstractmethod
     def bits(self, d: int) -> int:
-        """Exact payload bits for one d-vector message (dp-csgp.md 9; push-sum weight excluded)."""
+        """Exact payload bits for one d-vector message (push-sum weight excluded)."""
 
     @abstractmethod
     def omega2(self, d: int) -> float:
@@ -191,7 +191,7 @@ class TopK(Compressor):
 
 
 class GSGD(Compressor):
-    """QSGD-style stochastic quantization with ``s = 2^(b-1)`` levels (dp-csgp.md 3.4).
+    """QSGD-style stochastic quantization with ``s = 2^(b-1)`` levels (as in DP-CSGP's experiments).
 
     ``Q(x) = ||x|| sign(x) floor(s |x|/||x|| + u) / s`` with ``u ~ U[0,1)^d`` fresh per call,
     applied to consecutive buckets of ``bucket`` coordinates (each with its own norm) or to the
@@ -206,7 +206,7 @@ class GSGD(Compressor):
     rescale : bool
         Divide by ``tau = 1 + min(m/s^2, sqrt(m)/s)`` (CHOCO "qsgd-biased"): biased but contractive.
     strict_bits : bool
-        Count ``b + 1`` bits per coordinate (levels 0..s need one more bit; dp-csgp.md 8.2 item 8).
+        Count ``b + 1`` bits per coordinate (levels 0..s need one more bit).
     """
 
     def __init__(self, b: int, *, bucket: int | None = None, rescale: bool = False, strict_bits: bool = False) -> None:

@@ -1,6 +1,6 @@
 """Going between an ``nn.Module`` and the flat 1-D vectors that node state is kept in.
 
-STYLE.md 2.7: every per-node quantity (x, w, x_hat, table rows) is one 1-D tensor of length
+Every per-node quantity (x, w, x_hat, table rows) is one 1-D tensor of length
 ``d`` = number of *trainable* parameters, in ``model.named_parameters()`` order.  Buffers
 (e.g. GroupNorm has none; BatchNorm running stats) are node-local and never flattened.
 The helpers follow SGP's ``flatten_tensors`` / ``unflatten_tensors``.

@@ -5,7 +5,7 @@ strategy (:mod:`flower_dp.strategies.gau_lrq`), which never import each other.  
 the keys below name the ConfigRecord / ArrayRecord entries, the functions work on numpy arrays.
 The client-level accountant lives in :mod:`flower_dp.privacy.gau_lrq`.
 
-Spec ``shared/specs/gau-lrq.md`` §4 (Alg. 1), §7 (baselines), §12 (bits).  Pure numpy, no Flower:
+Gau-LRQ (arXiv:2312.07060): Alg. 1, the baselines of Sec. VII, the bits a message costs.  Pure numpy, no Flower:
 both :mod:`flower_dp.clients.lrq_mod` (client side) and :mod:`flower_dp.strategies.gau_lrq`
 (server side) call these functions, so the two sides cannot drift apart.
 
@@ -394,7 +394,7 @@ def unpack_ints(packed: np.ndarray, lo: int, width: int, d: int, dtype: str) -> 
 
 def lrq_public_range(spec: "RoundSpec") -> tuple[int, int]:
     """(lo, width) of an LRQ message from public values only: ``|m| <= L = ceil(S2 / w_min)`` since the clipped
-    update has max|Dt| <= ||Dt||_2 <= S2 (spec §3.7 with A = S2); ``width = ceil(log2(2 L + 1))`` bits."""
+    update has max|Dt| <= ||Dt||_2 <= S2 (Lemma 3 with A = S2); ``width = ceil(log2(2 L + 1))`` bits."""
     L = math.ceil(spec.clip * (1 + 1e-9) / lrq.lrq_w_min(spec.sigma))
     return -L, max(1, (2 * L).bit_length())
 
@@ -406,13 +406,13 @@ def public_bits(spec: "RoundSpec", d: int) -> float:
     if spec.method == "lrq":
         return float(d * lrq_public_range(spec)[1])
     if spec.method == "qg":
-        return float(d * lrq_public_range(spec)[1] + 32)  # b as LRQ's (spec §12), + the float32 scale
+        return float(d * lrq_public_range(spec)[1] + 32)  # b as LRQ's, + the float32 scale
     s_lv, m_tr = bq_levels(spec.sigma, spec.clip, spec.bq_bits)
     return float(d * math.ceil(math.log2(s_lv + m_tr)))
 
 
 def bq_levels(sigma: float, clip: float, bits: int) -> tuple[int, int]:
-    """BQ-SGD's (s, m) (spec §7.4 DECISION): largest s >= 2 with ``s + m <= 2^b``, ``m = ceil(sigma^2 (s-1)^2 / S2^2)``.
+    """BQ-SGD's (s, m): largest s >= 2 with ``s + m <= 2^b``, ``m = ceil(sigma^2 (s-1)^2 / S2^2)`` (our rule).
 
     Noise variance per coordinate ``m dq^2 / 4`` with ``dq = 2 S2 / (s-1)`` is then >= sigma^2
     (a Gaussian approximation of the binomial mechanism, not a rigorous DP proof).
@@ -477,7 +477,7 @@ def encode_update(delta: np.ndarray, spec: RoundSpec, key: bytes) -> tuple[dict,
     if spec.method == "qg":  # Alg. 2: noise first, then a b-bit unbiased stochastic grid on [-s, s]
         v = dt + spec.sigma * rng.standard_normal(d)
         s = float(np.float32(np.abs(v).max(initial=0.0))) or 1.0
-        # b is LRQ's public width (spec §12: "b the same as LRQ"), a function of sigma and S2 only, so the
+        # b is LRQ's public width (the paper: "b the same as LRQ"), a function of sigma and S2 only, so the
         # message size says nothing about the update; the scale s (the noised range) goes to the trusted server
         b = lrq_public_range(spec)[1]
         levels = (1 << b) - 1

@@ -1,7 +1,7 @@
 """Layered randomized quantizer (LRQ) with an exactly Gaussian decoding error.
 
 Yan, Li, Lan, Wu, Song, "Layered Randomized Quantization for Communication-Efficient and
-Privacy-Preserving Distributed Learning", arXiv:2312.07060; spec ``shared/specs/gau-lrq.md`` §3.
+Privacy-Preserving Distributed Learning", arXiv:2312.07060, Sec. IV (Defs. 2-3, Lemma 3).
 
 =========================  ===============================  =============================
 paper                      spec                             code
@@ -14,7 +14,7 @@ m_j (Eq. 11)               floor((u + R - x) / w)           ``LRQMessage.m``
 hat-Delta_j (Eq. 12)       m w + x                          :func:`decode`
 =========================  ===============================  =============================
 
-Convention A (Eq. 11/12, spec §3.4 [DECISION]).  For every input ``u`` the error
+Convention A (Eq. 11/12).  For every input ``u`` the error
 ``decode(encode(u)) - u`` is exactly ``N(0, sigma^2)`` i.i.d. over coordinates, *averaged over the
 shared randomness* (§3.5); the randomness must stay secret between client and server (§2.3).
 
@@ -84,7 +84,7 @@ __all__ = [
     "KERNEL_ENV",
 ]
 
-#: Coordinates per independently keyed stream chunk (spec §2.4).
+#: Coordinates per independently keyed stream chunk.
 DEFAULT_CHUNK = 1 << 20
 _BLOCK = 1 << 14  # inner block (L2-sized buffers); affects neither the stream nor the result
 #: Above this fraction of undecided (encode) / nonzero (decode) coordinates a block is computed densely.
@@ -131,7 +131,7 @@ def _gather_bufs(dtypes: tuple, cap: int, old: tuple | None = None, cnt: int = 0
 
 def _halfwidths(z: np.ndarray, v: np.ndarray, own: np.ndarray | None = None, other: np.ndarray | None = None,
                 z2: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Stable recipe of spec §3.3 in units of sigma: (own, other) half-widths, shape like z.
+    """Stable recipe of Def. 3 (the flip) in units of sigma: (own, other) half-widths, shape like z.
 
     ``own``, ``other`` and ``z2`` are optional output / scratch buffers of z's shape and dtype
     (the results are the same with or without them).
@@ -236,7 +236,7 @@ def _halfwidths_fused(kern, z: np.ndarray, v: np.ndarray, bufs: tuple) -> tuple[
 
 
 def lrq_layers(gen: np.random.Generator, n: int, sigma: float, *, dtype: str = "float64", stable: bool = True):
-    """Draw ``n`` layers: centres x and intervals [L, R] (spec §3.3/§3.6), for tests and inspection.
+    """Draw ``n`` layers: centres x and intervals [L, R] (Def. 3), for tests and inspection.
 
     Parameters
     ----------
@@ -370,14 +370,14 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
         The (clipped) update, finite.  Converted to float64 (float32 for ``dtype="float32"``,
         in which case the Gaussian law holds for ``float32(u)``).
     sigma : float
-        Error std per coordinate (> 0, the per-client sigma of spec §11 item 4).
+        Error std per coordinate (> 0, the per-client sigma).
     key : bytes or int
         Shared secret stream key for this (run, round, client); see :func:`lrq_key`.
     dtype : {"float64", "float32"}
         Float type of the shared-randomness arithmetic; both sides must use the same.  float32
         is faster but limited to max|u| < 2^14 w_min (ValueError otherwise).
     chunk_size : int
-        Coordinates per keyed stream chunk (default 2^20, spec §2.4).
+        Coordinates per keyed stream chunk (default 2^20).
     bound : float or None
         A public bound on max|u| (e.g. the L2 clip S2).  Given, the message's integer dtype follows from it
         alone (not from the data), so the message's form reveals nothing about ``u``; max|u| above it raises
@@ -404,7 +404,7 @@ def encode(u, sigma: float, key: bytes | int, *, dtype: str = "float64", chunk_s
     if bound is not None and amax > bound:
         raise ValueError(f"max|u| must be <= the public bound {bound}, got {amax}; clip u first")
     inv_sigma = 1.0 / sigma
-    # |m| <= ceil(A / w_min) (spec §3.7), + 1 for rounding: write straight into a small int dtype
+    # |m| <= ceil(A / w_min) (Lemma 3), + 1 for rounding: write straight into a small int dtype
     levels = math.ceil((amax if bound is None else bound) / lrq_w_min(sigma)) + 1
     m = np.zeros(d, dtype=next(t for t in _INT_DTYPES if levels <= np.iinfo(t).max))  # calloc: pages come zeroed
     kern = _kernels(d)

@@ -1,4 +1,4 @@
-"""The LRQ key and the randomness client and server share (spec ``gau-lrq.md`` §2.4).
+"""The LRQ key and the randomness client and server share (Gau-LRQ paper, Sec. IV-B, the paragraph before Alg. 1).
 
 The key of (the client's run key, round, client) (:func:`lrq_key`) is hashed into a ``SeedSequence``; chunk ``c`` of
 ``chunk_size`` coordinates (in flattened-parameter order) uses ``Generator(Philox(SeedSequence(entropy,
@@ -57,7 +57,7 @@ def chunk_rng(entropy: int, c: int) -> np.random.Generator:
 
 
 def draw(gen: np.random.Generator, n: int, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """z ~ N(0,1) then v ~ U(0,1], in that order (spec §2.4 rule 2)."""
+    """z ~ N(0,1) then v ~ U(0,1], in that order."""
     z = gen.standard_normal(n, dtype=dtype)
     v = gen.random(n, dtype=dtype)
     np.subtract(1.0, v, out=v)

@@ -1,12 +1,12 @@
 """Gaussian and Laplace noise vectors drawn from an explicit generator.
 
-STYLE.md 2.10: randomness is always passed in.  Gaussian noise: derive the generator with
+Randomness is always passed in.  Gaussian noise: derive the generator with
 ``flower_dp.rng.noise_generator(key, node, k)`` (a numpy ``Generator``), Laplace noise with
 ``flower_dp.rng.torch_generator(key, node, "noise", k)``; ``key`` is the node's private key
 (``node_secret(plan.reproducible, plan.seed)``: a secret from OS entropy, or the seed in the
 reproducible simulation mode, where every backend on the same kind of device draws the same noise: CUDA
 nodes draw on the device with torch, see :func:`gaussian_sampler`), so nodes/iterations are
-independent (COMMON.md 5, invariant 8) and nobody outside the node can recompute the noise.
+independent and nobody outside the node can recompute the noise.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def laplace_noise(
     d : int
         Length of the vector (>= 0).
     scale : float
-        Laplace scale ``b`` (>= 0; the DPPS spec's ``S/b``).  0 returns zeros and draws nothing.
+        Laplace scale ``b`` (>= 0; DPPS's ``S/b``).  0 returns zeros and draws nothing.
     generator : torch.Generator
 
     Returns

@@ -1,7 +1,7 @@
 """Privacy: GDP, rigorous accountants (PLD/RDP via dp-accounting), calibration, budgets, paper formulas.
 
 Every run reports the rigorous eps of the noise actually added next to the eps the
-paper's formula claims (DESIGN.md "Privacy: tell the truth").
+paper's formula claims (docs/privacy.md).
 """
 
 from . import paper, rdp_fast

@@ -360,7 +360,7 @@ def _multiplier(entry: dict) -> float:
 
 
 class NodeAccountant:
-    """One node's privacy ledger, charged at the line that draws noise (STYLE.md 2.4).
+    """One node's privacy ledger, charged at the line that draws noise.
 
     The ledger is run-length encoded (equal consecutive steps merged, like dp_accounting's
     ``DpEventBuilder``); :meth:`epsilon` runs the rigorous accountant on it (memoised).

@@ -1,4 +1,4 @@
-"""Privacy budgets: an object, and a hard stop (STYLE.md 2.6), enforced in one place.
+"""Privacy budgets: an object, and a hard stop, enforced in one place.
 
 Every algorithm knows each node's releases before k = 0 (its plan), so a budget is enforced up
 front: :func:`max_steps` (bisection with the rigorous accountant) finds the longest prefix of the

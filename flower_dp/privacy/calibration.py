@@ -183,7 +183,7 @@ def calibrate_schedule(
 
 @dataclass(frozen=True)
 class DynD2PSchedule:
-    """Per-iteration clip bounds and noise for the Dyn-D2P family (dyn-d2p.md 3.7, 4.4).
+    """Per-iteration clip bounds and noise for the Dyn-D2P family (Algorithms 1-5; eqs. 4, 6, 8, 9).
 
     Attributes
     ----------
@@ -290,7 +290,7 @@ def dyn_d2p_schedule(
     eps_paper = gdp.eps_from_mu_delta(clt, delta)
     if mu.max() > 1:
         notes.append(
-            f"max per-step mu = {mu.max():.3f} > 1: the GDP-CLT accountant (eq. 6) is optimistic here (dyn-d2p.md 4.6)"
+            f"max per-step mu = {mu.max():.3f} > 1: the GDP-CLT accountant (eq. 6) is optimistic here"
         )
     if calibration == "paper" and eps_rig > epsilon * 1.001:
         notes.append(f"paper calibration: the rigorous eps of this schedule is {eps_rig:.4f}, above the target {epsilon}")

@@ -119,7 +119,7 @@ def privsgp_vr_calibration(
     sampling: str = "fixed_size",
     noise_std: float | None = None,
 ) -> GaussianCalibration:
-    """Noise for one PrivSGP-VR (``vr=True``) / PrivSGP / DP2-SGD node (privsgp-vr.md 4.2, 4.5, 8.4-8.6).
+    """Noise for one PrivSGP-VR (``vr=True``) / PrivSGP / DP2-SGD node (PrivSGP-VR, Theorem 2, eq. 11).
 
     ``sampling="fixed_size"`` (PrivSGP, PrivSGP-VR: the code splits the data once into ``J // block``
     fixed blocks and draws one uniformly per step, ``q = 1 / (J // block)``), replace-one adjacency
@@ -129,14 +129,14 @@ def privsgp_vr_calibration(
       per-record unit is ``C = G / b`` and ``nu = noise_std / C``.
     - PrivSGP-VR releases ``h - T[blk] + avg``.  When the target's block is drawn, ``h - T[blk]`` moves
       by up to ``4G / b`` (unit ``C = 2G / b``); the table average ``avg`` moves by up to
-      ``2G / (b n_blocks)`` at *every* step, drawn or not (spec 8.4).  The noise is split (validly) into
+      ``2G / (b n_blocks)`` at *every* step, drawn or not.  The noise is split (validly) into
       a sampled part with variance share ``1 - a`` (``nu``) and an always-present part with share ``a``
       (``nu_always``, unit ``G / (b n_blocks)``), ``a`` chosen on public values to minimise eps.
 
     ``sampling="poisson"`` (DP2-SGD, A(DP)2SGD: Poisson batches of expected size ``block`` = B,
     ``q = B / J``, unit ``C = G / B``, add/remove by default).
 
-    ``paper`` uses eq. (11) (``c2`` required; the formula is independent of b, spec 8.6).
+    ``paper`` uses eq. (11) (``c2`` required; the formula is independent of b).
     ``noise_std`` given: that std (> 0), split and accounted the same way (``eps_paper`` is nan).
     """
     check_choice("calibration", calibration, CALIBRATIONS)
@@ -207,7 +207,7 @@ def dp_csgp_calibration(
     c2: float = 1.0,
     accountant: str = "auto",
 ) -> GaussianCalibration:
-    """Noise std on the batch-mean clipped gradient for DP-CSGP (dp-csgp.md 4.1-4.3).
+    """Noise std on the batch-mean clipped gradient for DP-CSGP (its Proposition 2).
 
     ``paper``: Prop. 2 ``sigma = c2 G sqrt(T ln(1/delta)) / (J eps)``; ``rigorous``: smallest ``z``
     with eps <= target for Poisson(q = B/J) over T steps, ``sigma = z G / B``.
@@ -250,7 +250,7 @@ def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str
 
     Each round is ``LaplaceStep(nu = gamma_n(t) / b)`` (scale over the *estimated* L1 sensitivity),
     so ``eps_composed`` is tagged heuristic: the guarantee needs ``S(t) >= Delta(t)``, which the
-    estimator does not prove (dpps-partpsp.md 5.1).  Unit: one node's message per round.
+    estimator does not prove (the paper's Theorem 1 assumes the real sensitivity).  Unit: one node's message per round.
     """
     b = check_positive("b", b)
     g = np.asarray(gamma_n_schedule, dtype=float)
@@ -258,7 +258,7 @@ def dpps_accounting(b: float, gamma_n_schedule, delta: float, *, accountant: str
         raise ValueError(f"gamma_n_schedule must be a non-empty 1-D array of values > 0, got {g!r:.80}")
     eps_round = np.array([paper.dpps_round_epsilon(b, float(x)) for x in g])
     composed = rigorous_epsilon([LaplaceStep(float(x) / b) for x in g], check_delta(delta), accountant=accountant)
-    notes = ["HEURISTIC: the sensitivity is an estimate published in the clear (dpps-partpsp.md 5.1)"]
+    notes = ["HEURISTIC: the sensitivity is an estimate published in the clear"]
     if eps_round.max() > 50:
         notes.append(f"DPPS per-round eps b/gamma_n reaches {eps_round.max():.3g}: no meaningful DP guarantee")
         warnings.warn(notes[-1], stacklevel=2)

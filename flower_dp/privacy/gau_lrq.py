@@ -1,4 +1,4 @@
-"""Client-level accounting and calibration of (Dynamic) Gau-LRQ (spec ``gau-lrq.md`` §5.2-5.3, §6.2-6.3).
+"""Client-level accounting and calibration of (Dynamic) Gau-LRQ (Yan et al., arXiv:2312.07060, Sec. V, eqs. 16-18).
 
 Each round the server draws exactly B of the N clients uniformly without replacement; the sum of
 their clipped updates (L2 <= S2) carries ``N(0, (z_k S2)^2 I)`` (LRQ's decoding error, or the
@@ -11,7 +11,7 @@ sampling without replacement, whichever is smaller.
 
 At the paper's MNIST setting (z = 0.51624, K = 30, N = 1920, B = 80, delta = 1e-5) this is 51.23 (the
 pair itself, composed in each order, attains 50.42: a lower bound); RDP's bound for sampling without
-replacement gives 290.5, and the "Poisson approximation" of the spec's table (12.2) is not a bound for
+replacement gives 290.5, and a "Poisson approximation" table (12.2) is not a bound for
 this sampler at all.
 
 That number is the eps of one party, the observer of the released global models (the paper's adversary);
@@ -149,7 +149,7 @@ def calibrate_party_scale(party: str, shape: np.ndarray, epsilon: float, delta: 
 def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N: int, tau: float = 1.0,
                      calibration: str = "rigorous", noise_multiplier: float | None = None,
                      party: str | None = None, per_client_keys: bool = False) -> Schedule:
-    """Noise multipliers z_k for K rounds (spec §5.3, §6.2-6.3), charged to ``party`` (:mod:`.parties`; default
+    """Noise multipliers z_k for K rounds (fixed, or eqs. 17-18), charged to ``party`` (:mod:`.parties`; default
     ``"model_observer"``, the paper's adversary).
 
     - ``noise_multiplier`` given: constant z (budget-stop mode; the budget decides the rounds).
@@ -183,5 +183,5 @@ def gau_lrq_schedule(*, epsilon: float, delta: float, num_rounds: int, B: int, N
     warn = ()
     if noise_multiplier is None and eps_r > epsilon * 1.001:
         warn = (f"paper calibration: the rigorous client-level eps of this schedule for party {party!r} is "
-                f"{eps_r:.4g}, above the target {epsilon} (the closed form is not a valid bound, spec §5.2)",)
+                f"{eps_r:.4g}, above the target {epsilon} (the closed form is not a valid bound)",)
     return Schedule(z, B, N, eps_r, paper.paper_eps_gau_lrq(z, delta, B=B, N=N), warn, party, bool(per_client_keys))

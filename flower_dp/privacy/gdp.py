@@ -1,4 +1,4 @@
-"""Gaussian differential privacy (Dong, Roth, Su 2019) as Dyn-D2P uses it (dyn-d2p.md section 4).
+"""Gaussian differential privacy (Dong, Roth, Su 2019) as Dyn-D2P uses it (its Propositions 1-3).
 
 - :func:`delta_from_mu_eps` — eq. (4): ``delta(eps; mu) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``.
 - :func:`mu_from_eps_delta` / :func:`eps_from_mu_delta` — its inverses (brentq, monotone).
@@ -7,8 +7,8 @@
 
 .. warning::
    The subsampled composition is a central-limit *approximation*, not a bound; it
-   underestimates the privacy loss when per-step ``mu_k`` is near or above 1 (dyn-d2p.md 4.6;
-   Opacus's ``accountants/gdp.py`` carries the same warning).  It is returned as
+   underestimates the privacy loss when per-step ``mu_k`` is near or above 1
+   (Opacus's ``accountants/gdp.py`` carries the same warning).  It is returned as
    ``GDPResult(mu, approximate=True)``; use :mod:`flower_dp.privacy.accountant` for a bound.
 """
 
@@ -99,7 +99,7 @@ def clt_composed_mu(p: float, mus) -> GDPResult:
     .. warning::
        This is a central-limit *approximation* (p -> 0, K -> inf), not a bound.  Opacus's
        ``accountants/gdp.py`` warns the same: it "can underestimate privacy expenditure".
-       dyn-d2p.md 4.6: with per-step mu_k >~ 1 (B = 1, p = 1/J) the true eps is 20-70 % above
+       With per-step mu_k >~ 1 (B = 1, p = 1/J) the true eps is 20-70 % above
        the target.  Report :func:`flower_dp.privacy.rigorous_epsilon` next to it.
     """
     p = check_probability("p", p)
@@ -120,7 +120,7 @@ def dyn_d2p_mu_bar(mu_tot: float, p: float, num_iters: int) -> float:
 def dyn_d2p_mu0(mu_tot: float, p: float, num_iters: int, rho_mu: float) -> float:
     """mu_0 of the growing schedule ``mu_k = mu_0 rho_mu^(k/K)`` meeting ``mu_tot`` under eq. (6) (eq. 8).
 
-    Bracketed by ``[mu_bar / rho_mu, mu_bar]`` and solved with brentq (dyn-d2p.md 4.4).
+    Bracketed by ``[mu_bar / rho_mu, mu_bar]`` and solved with brentq (Dyn-D2P eqs. 8-9).
     """
     rho_mu = check_positive("rho_mu", rho_mu)
     if rho_mu < 1:

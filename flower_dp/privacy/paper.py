@@ -1,6 +1,6 @@
 """The papers' own calibration formulas, by explicit name.
 
-These are *reported*, never trusted (STYLE.md 2.5): every spec found that its paper's
+These are *reported*, never trusted: each was checked against a numerical accountant and found that its paper's
 formula does not deliver the stated (eps, delta) at the paper's own settings.  Each
 calibration in :mod:`flower_dp.privacy.calibration` that uses one of these also reports
 the rigorous eps of the noise it gives.
@@ -33,7 +33,7 @@ def paper_sigma_privsgp_vr(
 ) -> float:
     """PrivSGP-VR Theorem 2, eq. (11): ``sigma_i = 3 c2 G sqrt(K log(1/delta)) / (J eps)``.
 
-    ``vr=False`` (PrivSGP) drops the factor 3 (COMMON.md 4, DECISION).  ``c2`` has no default:
+    ``vr=False`` (PrivSGP) drops the factor 3 (the paper gives no formula for it).  ``c2`` has no default:
     the paper never gives it (0.3724 reproduces its K* = 3120).
     """
     epsilon, delta = check_epsilon(epsilon), check_delta(delta)
@@ -49,7 +49,7 @@ def k_star_privsgp_vr(
 ) -> float:
     """PrivSGP-VR eq. (12): ``K* = A J^2 n / (216 L d c2^2 G^2 S)``, ``S = sum_i log(1/delta_i) / eps_i^2``.
 
-    Real-valued; the spec's DECISION is to use ``round(K*)``.
+    Real-valued; runs use ``round(K*)``.
     """
     n_nodes, J = check_int("n_nodes", n_nodes, minimum=1), check_int("J", J, minimum=1)
     for name, v in (("A", A), ("L", L), ("G", G), ("c2", c2)):

@@ -6,7 +6,7 @@ levels are evaluated many times, and (2) as an independent reference for the
 than dp-accounting's RDP (integer orders only).
 
 Formulas (Mironov, Talwar, Zhang 2019, arXiv 1908.10530, Section 3.3, integer alpha >= 2;
-the same closed form is quoted in dp-csgp.md 4.3 and gau-lrq.md 5.3)::
+the same closed form serves DP-CSGP and Gau-LRQ)::
 
     A_alpha(q, z) = sum_{k=0..alpha} C(alpha, k) (1-q)^(alpha-k) q^k exp((k^2 - k) / (2 z^2))
     RDP_alpha     = ln(A_alpha) / (alpha - 1)              (q = 1: alpha / (2 z^2))

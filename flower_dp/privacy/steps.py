@@ -1,6 +1,6 @@
 """The steps a privacy history is made of, and their merging into few noise levels.
 
-A history is a sequence of frozen value objects (STYLE.md 2.4): :class:`GaussianStep` (``count`` subsampled
+A history is a sequence of frozen value objects: :class:`GaussianStep` (``count`` subsampled
 Gaussian releases with a noise multiplier relative to the per-record clip bound) and :class:`LaplaceStep`
 (``count`` Laplace releases).  :func:`bucket_steps` merges equal steps and, for long schedules, rounds the noise
 multipliers DOWN onto a grid first (less noise can only raise eps, so the accounted eps stays an upper bound).

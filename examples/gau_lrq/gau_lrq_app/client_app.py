@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
-from flower_dp.clients.lrq_mod import gau_lrq_mod  # reads this client's own key: run config "lrq-key-dir"
+from flower_dp import gau_lrq_mod  # reads this client's own key: run config "lrq-key-dir"
 
 from .task import train  # train(msg, context): Q local SGD steps, replies with the new weights (no privacy code)
 

@@ -8,7 +8,7 @@ from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from flower_dp.experiments.gau_lrq import evaluate_fn
-from flower_dp.strategies.gau_lrq import GauLRQ
+from flower_dp.strategies import GauLRQ
 
 from .task import ensure_secret_file, model_to_arrays, new_model
 

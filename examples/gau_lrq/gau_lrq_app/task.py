@@ -2,7 +2,7 @@
 
 Nothing here knows about privacy: this is the code a Flower user already has.  It lives in
 :mod:`flower_dp.experiments.gau_lrq` so that this app, ``run_table.py`` and
-``flower-dp reproduce gau-lrq`` run the very same code.  Data follow gau-lrq.md 8.2: client p gets
+``flower-dp reproduce gau-lrq`` run the very same code.  Data follow the paper's Sec. VII: client p gets
 ``per_class`` samples of every class, drawn independently of other clients (overlap allowed), a
 deterministic function of (seed, p).
 """

@@ -5,6 +5,6 @@
 process of its SuperNode.
 """
 
-from flower_dp.clients.push_sum_app import make_client_app
+from flower_dp.clients import make_client_app
 
 app = make_client_app()

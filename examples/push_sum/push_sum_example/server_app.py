@@ -9,7 +9,7 @@ from pathlib import Path
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from flower_dp.strategies.push_sum import PushSumStrategy
+from flower_dp.strategies import PushSumStrategy
 
 app = ServerApp()
 log = logging.getLogger(__name__)
@@ -35,10 +35,9 @@ def _spec(cfg: dict) -> tuple[dict, int, object]:
         spec = {"builder": "toy", "n_nodes": n, "topology": "random_irregular", "topology_kwargs": {"seed": 0},
                 "node_kwargs": {"dim": 16, "seed": 0}}
         return spec, int(cfg["num-iters"]), None
-    from flower_dp.clients.push_sum_app import spec_from_config
+    from flower_dp.clients import spec_from_config
     from flower_dp.data import load_dataset
-    from flower_dp.experiments import load_config
-    from flower_dp.experiments.runner import evaluate_params
+    from flower_dp.experiments import evaluate_params, load_config
     from flower_dp.models import build_model
 
     ecfg = load_config(_config_path(cfg["experiment"])).with_overrides(

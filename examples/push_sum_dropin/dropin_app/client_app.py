@@ -11,7 +11,7 @@
 After (private push-sum; the node trains with the algorithm's DP steps and gossips its shares):
 """
 
-from flower_dp.clients.push_sum_app import make_client_app, model_builder
+from flower_dp.clients import make_client_app, model_builder
 
 from .task import Net, load_data
 

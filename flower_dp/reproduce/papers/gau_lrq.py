@@ -1,4 +1,4 @@
-"""Gau-LRQ (specs/gau-lrq.md §8-9): Table IV (six methods) and Table III (more clients) on MNIST/LeNet.
+"""Gau-LRQ (Yan et al., arXiv:2312.07060, Sec. VII): Table IV (six methods) and Table III (more clients) on MNIST/LeNet.
 
 Each run is :func:`flower_dp.experiments.gau_lrq.run_gau_lrq`: the real ``GauLRQ`` strategy and
 client mod, in this process (``--backend inprocess``) or in a Flower simulation on Ray
@@ -23,7 +23,7 @@ PAPER_T4_MNIST = {"Local SGD": (0.9830, "768 MB"), "Gau-SGD": (0.9642, "576 MB")
                   "BQ-SGD": (0.4513, "36 MB"), "Gau-LRQ-SGD": (0.9642, "36 MB"),
                   "Dynamic Gau-LRQ-SGD": (0.9711, "36 MB")}
 PAPER_T3 = {960: 0.8711, 1920: 0.9488, 3840: 0.9663, 5760: 0.9745}
-#: the paper's closed-form noise multiplier at Table III's settings (specs/gau-lrq.md 5.2: z proportional to 1 / N)
+#: the paper's closed-form noise multiplier at Table III's settings (Sec. V of the paper: z proportional to 1 / N)
 PAPER_T3_Z = {960: 1.414, 1920: 0.707, 3840: 0.353, 5760: 0.236}
 #: Table III's control run: Local SGD (no clipping, no noise) for the private runs' rounds
 T3_CONTROL = "Local SGD, no clipping or noise"
@@ -48,7 +48,7 @@ for _s in SETTINGS.values():
     _s.update(dataset="fashion_mnist", model="lenet", tau=None, paper=PAPER_T4_MNIST,
               paper_desc="MNIST, LeNet, N = 1920, B = 80, eps = 3", data_desc="LeNet")
 #: Table IV's CIFAR-10 column (Table II: ResNet-18, N = 9600, 800 samples per client, B = 80, tau 0.98, Q = 25 = one
-#: local epoch; eps = 60 -> the spec's 212 rounds).  Full scale only: ResNet-18 on CIFAR-10 for 212 rounds.
+#: local epoch; eps = 60 -> 212 rounds).  Full scale only: ResNet-18 on CIFAR-10 for 212 rounds.
 PAPER_T4_CIFAR10 = {"Local SGD": (0.9215, "1280 GB"), "Gau-SGD": (0.7987, "678.4 GB"), "QG-SGD": (0.7879, "127.2 GB"),
                     "BQ-SGD": (float("nan"), "127.2 GB (diverges)"), "Gau-LRQ-SGD": (0.7987, "127.2 GB"),
                     "Dynamic Gau-LRQ-SGD": (0.8199, "127.2 GB")}
@@ -72,7 +72,7 @@ CIFAR_TABLES = {"table4-cifar10": (SETTINGS_CIFAR10, "ResNet-18 on CIFAR-10 for 
                 "table4-cifar100": (SETTINGS_CIFAR100, "ResNet-34 on CIFAR-100 for 98 rounds of 80 clients"),
                 "fig5-cifar10": (SETTINGS_CIFAR10, "ResNet-18 on CIFAR-10 at three budgets"),
                 "fig5-cifar100": (SETTINGS_CIFAR100, "ResNet-34 on CIFAR-100 at three budgets")}
-#: the paper's Fig. 4 text (spec §9): Gau-LRQ accuracy at each dataset's eps grid
+#: the paper's Fig. 4 text: Gau-LRQ accuracy at each dataset's eps grid
 PAPER_FIG5 = {"fig5": "Paper (MNIST, N = 1920, B = 80): eps 1 / 2 / 3 -> 0.8711 / 0.9487 / 0.9642.",
               "fig5-cifar10": "Paper (CIFAR-10, N = 9600, B = 80): eps 20 / 40 / 60 -> 0.6281 / 0.7337 / 0.7987.",
               "fig5-cifar100": "Paper (CIFAR-100, N = 48000, B = 80): eps 30 / 50 / 70 -> 0.4776 / 0.6136 / 0.7691."}
@@ -438,7 +438,7 @@ def verdict_table3(records) -> str:
         z_drop = PAPER_T3_Z[min(PAPER_T3_Z)] / PAPER_T3_Z[max(PAPER_T3_Z)]
         parts.append(f"our cells are not noise-limited, so less noise at larger N cannot raise them; the paper's gain "
                      f"({100 * first:.1f} -> {100 * last:.1f} %) rests on the {z_drop:.0f}x drop in noise its closed "
-                     f"form allows (not a valid bound, spec 5.2), from a start {100 * (local - first):.0f} points below "
+                     f"form allows (not a valid bound), from a start {100 * (local - first):.0f} points below "
                      f"its Local SGD ({100 * local:.1f} %)" if not limited else
                      "our cells are noise-limited, so the rise with N depends on how fast the noise falls")
     return "Verdict, from these runs: " + "; ".join(parts) + "."
@@ -465,14 +465,14 @@ def differences(table: str, scale: str) -> list[str]:
             f"class, overlap allowed), B = {s['B']} clients per round, local lr 0.01, batch 32, SGD momentum 0.9, weight "
             f"decay 5e-4, tau = 0.9 (Dynamic), delta = {DELTA:g}; eps = {s['eps']:g} (Table IV), {s['t3_eps']:g} "
             "(Table III), 1 / 2 / 3 (Fig. 5).",
-            f"Not stated by the paper: Q = {s['Q']} local steps (one local epoch, ceil(500 / 32), spec 8.2); K = "
+            f"Not stated by the paper: Q = {s['Q']} local steps (one local epoch, ceil(500 / 32)); K = "
             f"{s['K']} rounds for the private methods and {s['local_K']} for Local SGD, inferred from Table IV's "
-            "uplink costs (spec 8.3: 576 MB = 30 x 80 x 6e4 x 32 bits; 768 MB = 40 rounds); every eps and N runs "
+            "uplink costs (576 MB = 30 x 80 x 6e4 x 32 bits; 768 MB = 40 rounds); every eps and N runs "
             f"{s['K']} rounds.",
             "Seeds: the paper does not say how many runs it averages; --scale paper runs 2 seeds (full: 5).",
             "Noise is calibrated so the rigorous (RDP, sampling without replacement, replace-one) eps meets the target; "
             "at N = 1920, B = 80, K = 30, eps = 3 that is z = 1.66 (std on the sum over S2), where the paper's closed "
-            "form (Lemma 4, not a valid bound: spec 5.2, docs/results/audit.md) uses z = 0.52: our private runs carry "
+            "form (Lemma 4, not a valid bound: docs/results/audit.md) uses z = 0.52: our private runs carry "
             "3.2x the paper's noise.",
             "Clip S2 = 0.5 fixed (the paper uses the per-round median norm, which is itself not privatised).",
             "Dynamic Gau-LRQ is calibrated to the same rigorous eps as the fixed scheme (tau = 0.9).",
@@ -485,7 +485,7 @@ def differences(table: str, scale: str) -> list[str]:
         f"Budget: eps = {s['eps']:g} instead of the paper's 3. Under the rigorous accountant (fixed-size sampling without "
         "replacement, replace-one) eps = 3 at this N and B needs a noise multiplier near 7, which leaves nothing "
         "learnable in 15 rounds; the paper's eps = 3 rests on its closed form (Lemma 4), which is not a valid bound "
-        "(spec 5.2; the audit in docs/results/audit.md refutes it).",
+        "(the audit in docs/results/audit.md refutes it).",
         "Noise is calibrated so the rigorous (RDP, sampling without replacement, replace-one) eps meets the target; the "
         "paper's closed form (Lemma 4) would claim a much smaller eps for the same noise (column 'eps paper formula').",
         "Clip S2 = 0.5 fixed (the paper uses the per-round median norm, which is itself not privatised).",

@@ -324,7 +324,7 @@ def _dp_csgp_tests(scale: str) -> list[Test]:
 def _dp_csgp_differences(scale: str) -> list[str]:
     s = DP_CSGP_NB[scale]
     return [
-        "Dataset: Fashion-MNIST stands in for MNIST (no installable package ships the MNIST files); the spec's "
+        "Dataset: Fashion-MNIST stands in for MNIST (no installable package ships the MNIST files); a "
         "784-128-10 MLP (d = 101,770).",
         f"Regime chosen for the noise to bind: J = {s['J']} samples per node (the paper: 6000), n = {s['n']}, "
         f"B = {s['B']}, T = {s['T']}, lr {s['lr']}, G = 0.5, delta 1e-4; the noise-free twin is DP2-SGD with the "
@@ -398,7 +398,7 @@ def _privsgp_vr_tests(scale: str) -> list[Test]:
 def _privsgp_vr_differences(scale: str) -> list[str]:
     s = PRIVSGP_VR_NB[scale]
     return [
-        "Dataset: Fashion-MNIST stands in for MNIST; the spec's 784-128-10 MLP.",
+        "Dataset: Fashion-MNIST stands in for MNIST; a 784-128-10 MLP.",
         f"Regime chosen for the noise to bind: n = {s['n']}, J = {s['J']} per node (the paper: 50 x 1200), blocks "
         f"of b = {s['block']}, G = {s['G']}, lr {s['lr']}, eps {s['eps']:g} with the rigorous calibration (the "
         "paper's eq. (11) noise has a rigorous eps 50-80 at its eps 1, which is why the earlier runs did not bind); "
@@ -420,7 +420,7 @@ DYN_D2P_NB = {
     "smoke": dict(n=4, J=96, K=6, eval_every=3, B=16, lr=0.1, eps=(0.3, 3.0), test_samples=300),
     "full": dict(n=20, J=600, K=600, eval_every=150, B=32, lr=0.1, eps=(0.3, 3.0), test_samples=None),
 }
-DYN_CLIP = dict(clip0=4.0, clip_bar=1.5, rho_c=2.0, rho_mu=2.0)  # Table 2's CNN defaults (spec)
+DYN_CLIP = dict(clip0=4.0, clip_bar=1.5, rho_c=2.0, rho_mu=2.0)  # Table 2's CNN defaults
 
 
 def _dyn_common(s: dict[str, Any], K: int, J: int | None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Dyn-D2P (specs/dyn-d2p.md §5-6): Tables 1-2 and Figs. 1, 4, 5a, 5b.
+"""Dyn-D2P (Zhu et al., experiments section): Tables 1-2 and Figs. 1, 4, 5a, 5b.
 
 The paper's claims checked here: at equal eps, Dyn-D2P beats Const-D2P (and the dynamic variants
 sit between); accuracy rises with eps; and, ours, the rigorous eps of the paper's GDP/CLT

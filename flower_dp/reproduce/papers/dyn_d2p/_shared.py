@@ -59,7 +59,7 @@ def _differences_tables(table: str, scale: str) -> list[str]:
         f"Scale: K = {s['K']} iterations, batch B = {s['B']}, lr = {s['lr']}, n = {s['n']} "
         f"({'all' if not s['samples_per_node'] else s['samples_per_node']} samples per node); the paper does not "
         "report K or B and trains to convergence, so our absolute accuracies are lower.",
-        "Hyper-parameters are the spec's defaults (C0 = 4 / Cbar = 1.5 on the CNN, rho_c = rho_mu = 2), not the paper's "
+        "Hyper-parameters are our defaults (C0 = 4 / Cbar = 1.5 on the CNN, rho_c = rho_mu = 2), not the paper's "
         "per-eps grid search (its selected values are not reported).",
         "calibration = rigorous solves the noise so that the PLD eps meets the target; calibration = paper uses the "
         "paper's GDP/CLT formulas, whose rigorous eps is reported in the table (it exceeds the target).",

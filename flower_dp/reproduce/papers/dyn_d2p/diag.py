@@ -2,7 +2,7 @@
 
 Table 2 at the paper's setting puts Const-D2P far above the paper (0.72 vs 45.37 %) and Dyn-D2P far below it
 (0.66 vs 84.88 %).  The paper tunes Cbar (Const) and rho_c, rho_mu (Dyn) per eps and does not report the batch size;
-we run the spec's defaults.  These runs decide between "hyper-parameters" and "our implementation":
+we run our defaults.  These runs decide between "hyper-parameters" and "our implementation":
 
 - **clip-only twins** (``clip_only``: the variant's C_k, no noise): with the non-private run they split the gap to
   non-private into what clipping costs and what the noise costs;

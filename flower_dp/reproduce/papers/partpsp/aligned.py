@@ -1,7 +1,7 @@
 """PartPSP Table 2 aligned with the authors' code, and the controlled runs behind PartPSP-2's and SGPDP's patterns.
 
 ``table2-aligned``: Table 2's MLP rows (PartPSP-1, PartPSP-2, SGPDP; b = 1, 2, 3 and NoDP) with what the authors'
-code does where our ``table2`` follows the spec's defaults (:data:`~._shared.AUTHORS_DIFFS`): the step decay
+code does where our ``table2`` follows our defaults (:data:`~._shared.AUTHORS_DIFFS`): the step decay
 (gamma_s, gamma_l and gamma_n / 10 from rounds 240 and 540, :data:`ALIGNED_DECAY`), inputs in [0, 1]
 (``data.scaling = "unit"``), sync period 4, and per-node evaluation (the exact average of the shared part with each
 node's own head, the nodes' accuracies averaged: :mod:`flower_dp.reproduce.node_eval`).  The network-average
@@ -48,7 +48,7 @@ PAPER_4OUT = {"PartPSP-1": {"b1": 40.63, "b2": 46.25, "b3": 63.51, "NoDP": 89.71
 STAND_IN = "Dataset: Fashion-MNIST stands in for MNIST (not available offline), as in every PartPSP table here."
 #: a controlled factor "moves" the accuracy when it changes it by more than this (accuracy in [0, 1])
 MOVES = 0.05
-#: Table 3's budget and graph, where the authors' released log gives PartPSP-1's real sensitivity (spec 6.3)
+#: Table 3's budget and graph, where the authors' released log gives PartPSP-1's real sensitivity
 T3_B, T3_TOPO = 5.0, "2-Out"
 #: the authors' released Table 3 log, PartPSP-1 Real on 2-Out: mean real sensitivity (node 0) and accuracy (%)
 AUTHORS_T3_PARTPSP1 = {"sensitivity_real": 18.4, "accuracy": 88.50}

@@ -6,10 +6,10 @@ one state, or the real sensitivity measured wrong), or the estimator itself.  Eq
 after a sync (and at k = 0), to S = 2 C' max_i ||eps_i||_1, while two nodes leaving one common state are up to
 max_ij ||eps_i - eps_j||_1 <= 2 max_i ||eps_i||_1 apart: with C' < 1 (0.78 here) the reset value can fall below the
 real sensitivity, by up to a factor C', and nowhere else does the analysis predict it.  The paper's own released
-Fig. 4 logs show the same thing: 1-3 violations per run, always in the first round after a sync (spec 8 item 5).
+Fig. 4 logs show the same thing: 1-3 violations per run, always in the first round after a sync.
 
 The runs: table2's Fig. 2 configurations at the scale's settings (paper: PartPSP-1/-2 x EXP/2-Out, MLP, b = 5,
-120 rounds), each with the spec's optional safe floor (``reset_floor``: S >= 2 max_i ||eps_i||_1 in reset rounds)
+120 rounds), each with our optional safe floor (``reset_floor``: S >= 2 max_i ||eps_i||_1 in reset rounds)
 off and on.  The claims are the diagnostic questions, each answered from the records.
 """
 
@@ -25,7 +25,7 @@ from .table2 import FIG2, FIG2_MODELS, FIG2_RESNET, FIG2_SYNC, FIG2_TOPOS, _sens
 
 __all__ = ["TABLE", "FLOORS"]
 
-#: the floor off (the paper's and the authors' code's estimator) and on (spec 8.5 [decision])
+#: the floor off (the paper's and the authors' code's estimator) and on (our safe floor)
 FLOORS = {"off": False, "on": True}
 #: claim (a) holds when at least this share of the floor-off runs' below-real rounds are reset rounds
 RESET_SHARE = 0.9
@@ -196,12 +196,12 @@ def _findings(records, scale: str) -> list[str]:
         f"leaving one synced state can be up to 2 max_i ||eps_i||_1 apart; there est/real never went below C' "
         f"(min {fmt(min_reset)}), as that bound allows (states left unequal by a sync, or a wrong real "
         "sensitivity, could go lower). The paper's own released Fig. 4 logs fall below in the same rounds: 1-3 "
-        "per run, by up to ~3 % (spec 8 item 5)."]
+        "per run, by up to ~3 %."]
     others = [_where(r, x) for r, x in bad if not x[3]]
     if others:
         lines.append(f"The {len(others)} below-real round(s) outside a reset round ({'; '.join(others)}) are where "
-                     "eq. (22)'s recursion is a heuristic bound with empirically tuned C', lambda (spec 3.3, 9 items "
-                     "3-4), tightest at the end of a sync period: a matter of those hyper-parameters, not of the "
+                     "eq. (22)'s recursion is a heuristic bound with empirically tuned C', lambda, "
+                     "tightest at the end of a sync period: a matter of those hyper-parameters, not of the "
                      "reset.")
     st_on = [(r, _stats(r)) for r in on]
     pairs = _pairs(off, on)
@@ -210,7 +210,7 @@ def _findings(records, scale: str) -> list[str]:
         left_other = sum(len(s["bad_other"]) for _, s in st_on)
         acc_off, acc_on = _mean([a["final_acc"] for a, _ in pairs]), _mean([b["final_acc"] for _, b in pairs])
         est_up = _mean([_stats(b)["mean_est"] / _stats(a)["mean_est"] - 1 for a, b in pairs])
-        lines.append(f"With the spec's safe floor (reset_floor: S >= 2 max_i ||eps_i||_1 in reset rounds), "
+        lines.append(f"With our safe floor (reset_floor: S >= 2 max_i ||eps_i||_1 in reset rounds), "
                      f"{left_reset} reset rounds are below the real sensitivity, at a mean estimate (the Laplace "
                      f"scale) {est_up * 100:+.1f} % and accuracy {fmt(acc_on)} vs {fmt(acc_off)} without it.")
         if left_other:
@@ -221,9 +221,9 @@ def _findings(records, scale: str) -> list[str]:
                 f"(floor off: {sum(len(s['bad_other']) for _, s in st_off)}); at the last round "
                 f"of a sync period (the sync round itself) est/real is {fmt(_mean(pos_off[last]))} on average, min "
                 f"{fmt(min(pos_off[last]))} floor off vs {fmt(_mean(pos_on[last]))}, min {fmt(min(pos_on[last]))} "
-                "floor on. There eq. (22)'s recursion, a heuristic bound with empirically tuned C', lambda (spec 3.3, "
-                "9 items 3-4), is tightest within a period, as in the paper's own Fig. 2 logs (min est/real "
-                "1.014-1.051 over 120 rounds, spec 7.3): a matter of those hyper-parameters, not of the reset.")
+                "floor on. There eq. (22)'s recursion, a heuristic bound with empirically tuned C', lambda, "
+                "is tightest within a period, as in the paper's own Fig. 2 logs (min est/real "
+                "1.014-1.051 over 120 rounds): a matter of those hyper-parameters, not of the reset.")
     return lines
 
 
@@ -280,10 +280,10 @@ def _render(records, scale: str, out: Path):
 def _differences(scale: str) -> list[str]:
     s = SETTINGS[scale]
     return [
-        "Dataset: Fashion-MNIST stands in for MNIST (not available offline; see table2); the model is the spec's "
-        "3-layer tanh MLP; C', lambda per split from the released Fig. 2 logs (spec 6.3: 0.78 / 0.55 and 0.78 / 0.62).",
+        "Dataset: Fashion-MNIST stands in for MNIST (not available offline; see table2); the model is the paper's "
+        "3-layer tanh MLP; C', lambda per split from the released Fig. 2 logs (0.78 / 0.55 and 0.78 / 0.62).",
         f"{s['fig2_rounds']} rounds (the paper's Fig. 2 logs 120), N = {s['n']}, b = 5, sync every {FIG2_SYNC}.",
-        "The floor-on runs are ours, not the paper's: the spec's optional safe floor (8 item 5 [decision]), "
+        "The floor-on runs are ours, not the paper's: our optional safe floor, "
         "``reset_floor = true`` in [algorithm.params].",
         "The claims of this target are our diagnostic questions, not the paper's claims: a FAIL answers a question, "
         "it is not a failed reproduction.",

@@ -1,4 +1,4 @@
-"""PartPSP Fig. 3: real average sensitivity (RAS) by d-Out degree and the number of shared layers (spec 7.4)."""
+"""PartPSP Fig. 3: real average sensitivity (RAS) by d-Out degree and the number of shared layers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ...core import Claim, Table, fmt, new_axes, savefig
 from .._common import md_table, style
 from ._shared import SETTINGS, _differences_table2, _params, _ras, partpsp_spec
 
-#: RAS (mean real sensitivity) by d-Out degree and shared layers (spec 7.4): MLP, C' .95, lambda .55, sync 4, clip 200
+#: RAS (mean real sensitivity) by d-Out degree and shared layers: MLP, C' .95, lambda .55, sync 4, clip 200
 FIG3_DEG = {"smoke": (2, 4), "ci": (2, 4, 6, 8, 10), "full": (2, 3, 4, 5, 6, 7, 8, 9, 10)}
 FIG3_SPLITS = {"1 layer": ("partpsp", "partpsp1"), "2 layers": ("partpsp", "partpsp2"), "3 layers (full)": ("sgpdp", "all")}
 PAPER_FIG3 = {"1 layer": {2: 50.2, 4: 35.1, 6: 24.4, 8: 14.5, 10: 5.7},

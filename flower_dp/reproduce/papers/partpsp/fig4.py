@@ -1,4 +1,4 @@
-"""PartPSP Fig. 4: real average sensitivity (RAS) by network size N and d-Out degree (spec 7.4)."""
+"""PartPSP Fig. 4: real average sensitivity (RAS) by network size N and d-Out degree."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from ...core import Claim, Table, fmt, new_axes, savefig
 from .._common import md_table, style
 from ._shared import SETTINGS, T2_MODELS, _params, _ras, partpsp_spec
 
-#: RAS over the first 20 rounds for N = 10 / 50 and d-Out degrees (spec 7.4; MLP, clip 1.0, C' .95, lambda .55, sync 4)
+#: RAS over the first 20 rounds for N = 10 / 50 and d-Out degrees (MLP, clip 1.0, C' .95, lambda .55, sync 4)
 FIG4_DEG = {"smoke": (1, 2), "ci": (1, 2, 4, 6, 8), "full": (1, 2, 4, 6, 8)}
 FIG4_N = {"smoke": (4, 8), "ci": (10, 50), "full": (10, 20, 30, 40, 50)}
 FIG4_ROUNDS = {"smoke": 4, "ci": 20, "full": 20}
@@ -29,7 +29,7 @@ def _build_fig4(scale: str, seeds: list[int]):
             model = T2_MODELS[mname]["model"]
             if mname == "MLP":
                 extra, suffix = dict(clip_l1=FIG4_CLIP, c_prime=0.95, lam=0.55), ""
-            else:  # the ResNet logs (spec 6.3): lr 1e-5, clip 100, C' 0.78, lambda 0.7
+            else:  # the ResNet logs: lr 1e-5, clip 100, C' 0.78, lambda 0.7
                 extra = dict(clip_l1=100.0, c_prime=0.78, lam=0.7, lr=1e-5, lr_l=1e-5, model_name=model)
                 suffix = f"-{mname}"
             for n in FIG4_N[scale]:
@@ -111,7 +111,7 @@ def _render_fig4(records, scale: str, out: Path):
 
 def _fig4_differences(scale: str) -> list[str]:
     return [
-        "Dataset: Fashion-MNIST stands in for MNIST (not available offline); the model is the spec's 3-layer tanh MLP.",
+        "Dataset: Fashion-MNIST stands in for MNIST (not available offline); the model is the paper's 3-layer tanh MLP.",
         "The paper does not say which split Fig. 4 uses; we run PartPSP-1 (the first layer shared).",
         f"L1 clip {FIG4_CLIP:g} (Fig. 3's) instead of the 1.0 decoded from the log names: with 1.0 the clip bounds the "
         "sensitivity far below the paper's values (RAS ~1.5 against ~62), so that reading of the logs cannot be right.",

@@ -1,4 +1,4 @@
-"""PartPSP Table 2 (real sensitivity, N = 10, d-Out graphs; spec 7.1) and Fig. 2 (estimated vs real sensitivity).
+"""PartPSP Table 2 (real sensitivity, N = 10, d-Out graphs) and Fig. 2 (estimated vs real sensitivity).
 
 PartPSP-1 > PartPSP-2 > SGPDP at b = 3 on 4-Out; the estimated sensitivity (eq. 22, network max) stays above the
 real one every round.
@@ -14,7 +14,7 @@ from .._common import md_table, ordering_claim, ordering_claim_detail, plot_curv
 from ._shared import (_MAIN3, PAPER_T2_COLS, SETTINGS, T2_MODELS, T2_TOPOS, VARIANTS, _differences_table2, _params,
                       partpsp_spec)
 
-#: Table 2 (%, spec 7.1), columns EXP / 4-Out / 6-Out / 8-Out; MNIST/MLP and Fashion-MNIST/ResNet-18 (ViT: no model)
+#: Table 2 (%), columns EXP / 4-Out / 6-Out / 8-Out; MNIST/MLP and Fashion-MNIST/ResNet-18 (ViT: no model)
 PAPER_T2 = {
     "MLP": {
         "PartPSP-1": {"b1": [41.57, 40.63, 38.78, 43.19], "b2": [44.67, 46.25, 60.03, 81.00],
@@ -37,12 +37,12 @@ PAPER_T2 = {
                   "b3": [51.30, 48.80, 49.43, 73.44], "NoDP": [72.53, 72.22, 71.65, 72.61]},
     },
 }
-#: Fig. 2 MLP settings from the released logs (spec §6.3): C', lambda per split; ResNet-18: C', lambda, lr
+#: Fig. 2 MLP settings from the released logs: C', lambda per split; ResNet-18: C', lambda, lr
 FIG2 = {"PartPSP-1": (0.78, 0.55), "PartPSP-2": (0.78, 0.62)}
 FIG2_RESNET = {"PartPSP-1": (0.86, 0.53, 0.1), "PartPSP-2": (0.78, 0.7, 1e-5)}
 FIG2_MODELS = {"smoke": ["MLP"], "ci": ["MLP"], "full": ["MLP", "ResNet-18"]}
 FIG2_TOPOS = {"smoke": ["EXP"], "ci": ["EXP"], "full": ["EXP", "2-Out"]}
-#: the Fig. 2 runs' sync period (spec 6.3: 5), which sets their estimator's reset rounds
+#: the Fig. 2 runs' sync period (5), which sets their estimator's reset rounds
 FIG2_SYNC = _params("partpsp", "partpsp1")["sync_period"]
 
 
@@ -162,7 +162,7 @@ def _claims_table2(records, table: str, scale: str) -> list[Claim]:
         for (na, ga), (nb, gb) in ((("PartPSP-1", p1), ("PartPSP-2", p2)), (("PartPSP-2", p2), ("SGPDP", sg)),
                                    (("PartPSP-1", p1), ("SGPDP", sg))):
             claims.append(ordering_claim(f"{na} > {nb} ({where})", na, ga, nb, gb))
-    else:  # the paper's aggregate claims over the whole grid (spec 7.1)
+    else:  # the paper's aggregate claims over the whole grid
         best, total = 0, 0
         for model, topo in cells:
             for tag in tags:
@@ -296,7 +296,7 @@ def _findings_table2(records, scale: str) -> list[str]:
             "fig2-diag diagnostic (`flower-dp reproduce partpsp --table fig2-diag`; paper scale: "
             "docs/results/partpsp-fig2-diag-paper/report.md) finds the estimator, not our implementation, is what falls "
             "below: with C' < 1 the reset value misses the real sensitivity of equal states (up to 2 max_i "
-            "||eps_i||_1), in the same rounds as the paper's own Fig. 4 logs, and the spec's safe floor "
+            "||eps_i||_1), in the same rounds as the paper's own Fig. 4 logs, and our safe floor "
             "(reset_floor: S >= 2 max_i ||eps_i||_1 in reset rounds) removes those violations."]
 
 

@@ -15,7 +15,7 @@ PAPER_T3 = {  # Table 3 (%), b = 5: (2-Out, EXP) per model (MLP: MNIST; ResNet-1
                   ("Esti", "PartPSP-1"): (82.28, 81.56), ("Esti", "PartPSP-2"): (80.52, 81.10)},
 }
 PAPER_T3_DROP = {"MLP": 7.76, "ResNet-18": 0.41}
-#: Table 3's estimator constants from the released log names (spec 6.3): C', lambda (and lr) per model and split
+#: Table 3's estimator constants from the released log names: C', lambda (and lr) per model and split
 T3_CONST = {"PartPSP-1": (0.85, 0.55), "PartPSP-2": (0.82, 0.62)}
 T3_CONST_RESNET = {"PartPSP-1": (0.8, 0.75, 0.01), "PartPSP-2": (0.8, 0.75, 0.001)}
 T3_TOPOS = {"2-Out": ("d_out", {"deg": 2}), "EXP": ("exp_one_peer", {})}

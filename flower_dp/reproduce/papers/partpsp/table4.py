@@ -8,7 +8,7 @@ from ...core import Claim, Table, fmt, group_records, new_axes, savefig, seed_me
 from .._common import md_table, style
 from ._shared import PAPER_ROUNDS, SETTINGS, _differences_table2, _params, partpsp_spec
 
-#: Table 4 (b = 3, 1 Gbps per node): time (s) and accuracy (%) on MNIST/MLP and the ResNet-18 columns (spec 7.5)
+#: Table 4 (b = 3, 1 Gbps per node): time (s) and accuracy (%) on MNIST/MLP and the ResNet-18 columns
 T4_TOPOS = {"EXP": ("exp_one_peer", {}), "4-Out": ("d_out", {"deg": 4}), "6-Out": ("d_out", {"deg": 6}),
             "8-Out": ("d_out", {"deg": 8})}
 T4_ALGS = {"SGP": ("sgpdp", "all", None), "SGPDP": ("sgpdp", "all", 3.0), "PartPSP-1": ("partpsp", "partpsp1", 3.0)}

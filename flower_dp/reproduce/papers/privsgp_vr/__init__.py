@@ -1,4 +1,4 @@
-"""PrivSGP-VR (specs/privsgp-vr.md §4.3, §5, §6): the optimal K* (Figs. 2, 7), VR vs no VR (Fig. 9), baselines (Fig. 10).
+"""PrivSGP-VR (Corollary 1, Sec. 5, App. E): the optimal K* (Figs. 2, 7), VR vs no VR (Fig. 9), baselines (Fig. 10).
 
 The paper has no numeric tables; its claims are curve shapes.  The K* of eq. (12) needs the problem
 constants A = 13 F0 + 6 L ||x0||^2 + 18 L b^2 and L, which the paper estimates but never reports

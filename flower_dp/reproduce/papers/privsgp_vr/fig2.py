@@ -1,5 +1,5 @@
 """PrivSGP-VR Fig. 2: ResNet-18 on CIFAR-10, n = 16, J = 3125, eps = 3: accuracy vs K around K* = 3120 (eq. (12)
-with the paper's reported constants, spec 4.3 Example 1), K in {500, 1125, 3120, 6250, 12500}, sigma from eq. (11)
+with the paper's reported constants), K in {500, 1125, 3120, 6250, 12500}, sigma from eq. (11)
 for each K.  Full scale only (GPU, CIFAR-10); smoke runs the same K/K* grid on a synthetic CIFAR-shaped task with a
 linear model, so the pipeline is tested."""
 

@@ -135,7 +135,7 @@ def _render_main(records, table: str, scale: str, out: Path):
                   f"blocks of b = {s['vr_block']} (small blocks: the gradient variance VR removes is large)", ""]
         lines += md_table(["algorithm", "accuracy", "test loss", "eps rigorous"],
                           [[g["algorithm"], acc_pm(g), fmt(g["final_loss"]), fmt(g["eps_rigorous"])] for g in fig9])
-        lines += ["", "The paper reports no numbers for these figures (curves only; spec §6)."]
+        lines += ["", "The paper reports no numbers for these figures (curves only)."]
         fig, axes = new_axes(2)
         plot_acc_vs(axes[0], [dict(g, series="PrivSGP-VR (eq. 11 sigma)") for g in fig7], x="K", series_key="series",
                     xlabel="iterations K", title=f"accuracy vs K; K* = {K_star:.0f} (dashed)")
