@@ -153,3 +153,41 @@ def logx(ax) -> None:
         return
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _party_cell(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "-"
+    if entry.get("eps") is not None:
+        return fmt(entry["eps"])
+    if entry.get("eps_heuristic") is not None:
+        return f"{fmt(entry['eps_heuristic'])} (heuristic)"
+    return "none"
+
+
+def party_lines(groups) -> list[str]:
+    """The report's section on parties: whom each run's eps protects against (:mod:`flower_dp.privacy.parties`)."""
+    rows = []
+    for g in groups:
+        by = next((r.get("eps_by_party") for r in g["records"] if r.get("eps_by_party")), None)
+        if by is None:
+            continue
+        label = " ".join(f"{g[k]}" for k in ("algorithm", "N", "eps") if k in g)
+        rows.append([label] + [_party_cell(by.get(name)) for name in
+                               ("model_observer", "client", "network_observer", "server")])
+    if not rows:
+        return []
+    keyed = [r for r in rows if r[2] not in ("none", "-")]
+    shared = [r for r in rows if r[2] == "none"]
+    client = ("another client holds the run secret these runs shared with every client, so it has no eps"
+              if not keyed else
+              "another client holds only its own key, so it sees the released models and whether it was itself "
+              "sampled (the fixed-size pair at q = B/(N-1), its own share of the noise known)"
+              + ("" if not shared else "; in the runs that shared one run secret with every client it has no eps"))
+    return ["", "## Privacy per party", "",
+            "Every eps above is the **model observer's** (party `model_observer`: it sees the released global models "
+            "only, the Gau-LRQ paper's adversary). The same runs against the other parties (docs/privacy.md, "
+            f"\"Threat model\"): {client}; a network observer sees who sends, so it knows the sample and gets no "
+            "amplification (GDP conditioned on the sample, mixed over the binomial participation count); the server "
+            "decodes each update, so it has no eps.", ""] + md_table(
+        ["run", "model observer", "another client", "network observer", "server"], rows)

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..core import Claim, RunSpec, Table, fmt, new_axes, savefig
 from ..stats import TestResult, equivalence, paired_differences, superiority
-from ._common import md_table, slug, style
+from ._common import md_table, party_lines, slug, style
 
 __all__ = ["NOISE_COST", "MARGIN", "MIN_EFFECT", "Cell", "Test", "TestedClaim", "table", "cell_values"]
 
@@ -185,8 +185,6 @@ def table(title: str, *, cells: Callable[[str], list[Cell]], tests: Callable[[st
                  f"costs at least {NOISE_COST:g} against its noise-free twin at the same clip.", ""]
         lines += md_table(["cell", "setting", "seeds", "accuracy (mean +- std)", "eps (max over runs)"], rows)
         if any("network_observer" in (r.get("eps_by_party") or {}) for r in records):  # the Gau-LRQ family
-            from .gau_lrq import party_lines
-
             lines += party_lines([{"algorithm": c.key, "records": [r for r in records if
                                                                    (r.get("labels") or {}).get("cell") == c.key]}
                                   for c in cells(scale)])
