@@ -59,8 +59,9 @@ SECTIONS = ("env", "nodes_cuda_vs_cpu", "private_step", "resnet_node_iteration",
 #: seconds per section: past it a section stops repeating timings / starting cases (default and --quick)
 BUDGET_S = {"env": 30, "nodes_cuda_vs_cpu": 60, "private_step": 50, "resnet_node_iteration": 60,
             "ray_gpu_placement": 90}
+#: the Ray section starts a local Ray (10-15 s on a loaded 2-core machine) and its hosts before the two-raylet case
 QUICK_BUDGET_S = {"env": 20, "nodes_cuda_vs_cpu": 30, "private_step": 15, "resnet_node_iteration": 25,
-                  "ray_gpu_placement": 90}
+                  "ray_gpu_placement": 150}
 OPTIONAL_MODULES = ("flwr", "opacus", "torchvision", "tqdm", "matplotlib", "numba")
 
 # --------------------------------------------------------------------------------------------------- helpers
