@@ -214,7 +214,7 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
         head: Any = nullcontext(ray_address)
     else:
         env.update(ray_token_env(work_dir))
-        head = ray_head(env, num_cpus=num_cpus)
+        head = _removing_after(ray_head(env, num_cpus=num_cpus), Path(env["RAY_AUTH_TOKEN_PATH"]))
     with head as address:
         env["RAY_ADDRESS"] = address
         with open(link_log, "w") as log:
@@ -247,6 +247,16 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
                                details)
             finally:
                 kill_group(link)
+
+
+@contextmanager
+def _removing_after(context: Any, path: Path) -> Iterator[Any]:
+    """``context``, then ``path`` removed however it ends (the Ray token outlives no head)."""
+    try:
+        with context as value:
+            yield value
+    finally:
+        path.unlink(missing_ok=True)
 
 
 def _flwr(bin_dir: Path, env: Mapping[str, str], *args: str) -> str:
