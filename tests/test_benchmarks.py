@@ -195,7 +195,7 @@ def test_ray_scale_quick_runs_both_engines_and_stops_every_raylet(tmp_path):
     assert 0 < ray_pt["memory_after"]["hosts_rss_mb"] <= ray_pt["rss_mb"]
     assert ray_pt["memory_after"]["hosts_rss_mb"] > ray_pt["memory_empty_hosts"]["hosts_rss_mb"]
     for pt in (ray_pt, ip):
-        assert pt["node_iterations_per_s"] > 0 and pt["rss_mb_per_node"] == pytest.approx(pt["rss_mb"] / 4, abs=1e-3)
+        assert pt["node_iterations_per_s"] > 0 and pt["rss_mb_per_node"] == pytest.approx(pt["rss_mb"] / 4, abs=0.05)
     assert ray_pt["throughput_ratio_vs_inprocess"] > 0
     for proc_group in doc["raylet_process_groups"]:
         with pytest.raises(ProcessLookupError):
