@@ -323,6 +323,13 @@ def _mem_available_mib() -> float:
     return float("inf")
 
 
+def _load() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
 def _projected_mib(prev: dict, n: int, processes: int) -> float:
     """Memory at ``n`` from the measured point ``prev``: what is not the matrices scales with n, the dense
     matrices with ``n^2`` (``processes`` copies)."""
@@ -351,10 +358,13 @@ def run(quick: bool = False, *, skip_ray: bool = False, sizes=None, iters: int |
                             "num_hosts": 2, "data": "synthetic (timing only)", "max_gib": max_gib,
                             "budget_s": budget_s, "sizes": list(sizes)},
                  "two_raylets": {}, "inprocess": {}, "max_nodes_two_raylets_mlp": None,
-                 "max_nodes_inprocess_mlp": None, "stopped": None}
+                 "max_nodes_inprocess_mlp": None, "stopped": None,
+                 "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "load_avg_start": _load(),
+                 "mem_available_gib_start": round(_mem_available_mib() / 1024, 1)}
 
     def save() -> None:
         out["wall_s"] = round(time.perf_counter() - t_start, 1)
+        out["load_avg_end"] = _load()
         if out_path is not None:
             Path(out_path).write_text(json.dumps(out, indent=2) + "\n")
 
@@ -482,6 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         latest = json.loads(a.latest.read_text())
         latest.update(keys)
         latest["two_raylets_command"] = doc["command"]
+        latest["two_raylets_date_utc"] = doc["date_utc"]
         a.latest.write_text(json.dumps(latest, indent=2, default=str) + "\n")
         print(f"merged into {a.latest}")
     return 0
