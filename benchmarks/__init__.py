@@ -100,7 +100,7 @@ def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
         "scale": lambda: engine.run_scale(quick, skip_ray=skip_ray),
         "raylets": lambda: raylets.run(quick, skip_ray=skip_ray),
         "exact_noise": lambda: exact_noise.run(quick),
-        "ray_scale": lambda: ray_scale.run(quick, skip_ray=skip_ray),
+        "ray_scale": lambda: ray_scale.run(quick, skip_ray=skip_ray, budget_s=900),
     }
     t0 = time.perf_counter()
     try:
