@@ -24,6 +24,7 @@ shared machine absolute times are noisy; the ratios are what to compare.
 | ``scale_mlp_{inprocess,ray}_throughput_ratio_1024_vs_64`` | node-iterations/s at n = 1,024 (in-process / 2 Ray host actors) | the same at n = 64 |
 | ``scale_mlp_inprocess_rss_gb_1024``, ``scale_mlp_ray_rss_gb_1024``, ``scale_cnn_flower_rss_gb_64`` | peak RSS (GiB): the process / the summed Ray workers | |
 | ``raylets_throughput_ratio`` | host-actor node-iterations/s on 2 raylets (``ray.cluster_utils.Cluster``) | the same on 1 raylet |
+| ``max_nodes_two_raylets_mlp``, ``scale_mlp_two_raylets_*`` | largest MLP network on 2 host actors on 2 raylets (``ray start``, :mod:`benchmarks.ray_scale`); its RSS, MiB/node, node-iterations/s by n | the in-process engine at the same n (``..._inprocess_*``, ``..._throughput_ratio_vs_inprocess``) |
 
 ``private_step_median_ratio_*``, ``engine_overhead_median_ratio``, ``lrq_codec_median_ratio``,
 ``lrq_codec_cpu_median_ratio`` and ``raylets_median_throughput_ratio`` are the same ratios by the median
@@ -43,7 +44,8 @@ from pathlib import Path
 __all__ = ["BENCHMARKS", "REQUIRED_KEYS", "run_suite", "format_table", "main"]
 
 #: Benchmarks in run order.
-BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale", "raylets", "exact_noise")
+BENCHMARKS = ("private_step", "engine_overhead", "accounting", "lrq_codec", "wire", "scale", "raylets", "exact_noise",
+              "ray_scale")
 
 #: Opacus ``grad_sample_mode`` values timed beside our private step (benchmarks.private_step.OPACUS_MODES).
 OPACUS_MODES = ("hooks", "ghost", "functorch")
@@ -87,7 +89,7 @@ def _get(d, *path):
 
 
 def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
-    from . import accounting, engine, exact_noise, lrq_codec, private_step, raylets
+    from . import accounting, engine, exact_noise, lrq_codec, private_step, ray_scale, raylets
 
     fns = {
         "private_step": lambda: private_step.run(quick),
@@ -98,6 +100,7 @@ def _run_one(name: str, quick: bool, skip_ray: bool) -> dict:
         "scale": lambda: engine.run_scale(quick, skip_ray=skip_ray),
         "raylets": lambda: raylets.run(quick, skip_ray=skip_ray),
         "exact_noise": lambda: exact_noise.run(quick),
+        "ray_scale": lambda: ray_scale.run(quick, skip_ray=skip_ray, budget_s=900),
     }
     t0 = time.perf_counter()
     try:
@@ -205,6 +208,12 @@ def run_suite(*, quick: bool = False, only: tuple[str, ...] | None = None, skip_
         doc[f"private_step_ratio_{case}_b64_exact"] = _get(details, "exact_noise", "steps", f"{case}_{b}", "ratio_exact")
         doc[f"private_step_ratio_{case}_b64_float_beside_exact"] = _get(details, "exact_noise", "steps", f"{case}_{b}",
                                                                        "ratio_float")
+    # the Ray engine on two raylets (ray start) against in-process, up to the largest MLP network that fits
+    from . import ray_scale
+
+    rs = details.get("ray_scale") or {}
+    doc.update(ray_scale.latest_keys(rs) if "two_raylets" in rs else
+               {k: None for k in ray_scale.latest_keys({})})
     doc["total_wall_s"] = round(time.perf_counter() - t0, 1)
     return doc
 
@@ -277,6 +286,12 @@ def format_table(doc: dict) -> str:
     rows.append(("Ray 2 raylets / 1 raylet", _fmt(doc.get("raylets_throughput_ratio")),
                  rl.get("note") or f"node-it/s {rl.get('node_iterations_per_s_2')} vs {rl.get('node_iterations_per_s_1')} "
                  f"(median ratio {rl.get('median_ratio')}); hosts on distinct Ray nodes: {rl.get('hosts_on_distinct_ray_nodes_2')}"))
+    rs = _get(doc, "details", "ray_scale") or {}
+    rows.append(("max nodes MLP on 2 raylets", _fmt(doc.get("max_nodes_two_raylets_mlp")),
+                 rs.get("note") or f"GiB {json.dumps(doc.get('scale_mlp_two_raylets_rss_gb'))}, MiB/node "
+                 f"{json.dumps(doc.get('scale_mlp_two_raylets_mb_per_node'))}, node-it/s "
+                 f"{json.dumps(doc.get('scale_mlp_two_raylets_node_iterations_per_s'))} vs in-process "
+                 f"{json.dumps(doc.get('scale_mlp_two_raylets_inprocess_node_iterations_per_s'))}; {rs.get('stopped')}"))
     ex = _get(doc, "details", "exact_noise") or {}
     rows.append(("exact noise samples/s by sigma", "", ex.get("note") or
                  f"exact {json.dumps(ex.get('exact'))}; numpy float {ex.get('numpy_float_ziggurat')}; "

@@ -145,3 +145,60 @@ def test_quick_suite_reports_the_exact_noise_mode(quick_doc):
         for key in (f"private_step_ratio_{case}_b64_exact", f"private_step_ratio_{case}_b64_float_beside_exact"):
             v = quick_doc[key]
             assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (key, v)
+
+
+def test_ray_scale_dense_matrices_and_projection():
+    """``benchmarks.ray_scale``: the matrices' term is what a topology really caches, and the projection scales the
+    rest linearly in n (no Ray started)."""
+    import importlib
+
+    from flower_dp.topology import make_topology
+
+    rs = importlib.import_module(benchmarks.__name__ + ".ray_scale")
+    for n in (5, 20, 64):
+        topo = make_topology("exp", n)
+        cached = sum(topo.matrix(k).nbytes for k in range(topo.period))
+        assert rs.dense_topology_mib(n) == pytest.approx(cached / 2**20)
+    prev = {"n": 64, "rss_mb": 100.0 + 2 * rs.dense_topology_mib(64), "topology_mb_per_process": rs.dense_topology_mib(64)}
+    assert rs._projected_mib(prev, 128, 2) == pytest.approx(200.0 + 2 * rs.dense_topology_mib(128))
+    keys = rs.latest_keys({"max_nodes_two_raylets_mlp": 8, "stopped": "every size ran",
+                           "two_raylets": {"4": {"rss_mb": 1000.0, "rss_mb_per_node": 250.0,
+                                                 "node_iterations_per_s": 9.0, "throughput_ratio_vs_inprocess": 1.5},
+                                           "8": {"rss_mb": 1010.0, "rss_mb_per_node": 126.25,
+                                                 "node_iterations_per_s": 10.0}},
+                           "inprocess": {"4": missing_point()}})
+    assert keys["scale_mlp_two_raylets_marginal_mb_per_node"] == {"8": 2.5}
+    assert keys["scale_mlp_two_raylets_rss_gb"] == {"4": pytest.approx(1000 / 1024, abs=1e-3),
+                                                   "8": pytest.approx(1010 / 1024, abs=1e-3)}
+    assert keys["scale_mlp_two_raylets_inprocess_node_iterations_per_s"] == {}
+
+
+def missing_point() -> dict:
+    return {"value": None, "note": "missing: n=4 failed"}
+
+
+@pytest.mark.flower
+def test_ray_scale_quick_runs_both_engines_and_stops_every_raylet(tmp_path):
+    """``python -m benchmarks.ray_scale --quick``: ``ray start`` (one raylet of 2 CPUs here), 4 MLP nodes on 2 host
+    actors and in-process; every figure measured, the result written, and no raylet process left."""
+    import importlib
+
+    rs = importlib.import_module(benchmarks.__name__ + ".ray_scale")
+    out = tmp_path / "ray_scale.json"
+    doc = rs.run(quick=True, out_path=out)
+    assert json.loads(out.read_text())["max_nodes_two_raylets_mlp"] == 4 == doc["value"]
+    assert doc["stopped"] == "every size ran" and doc["raylet_groups_left"] == []
+    ray_pt, ip = doc["two_raylets"]["4"], doc["inprocess"]["4"]
+    assert sorted(h["nodes"] for h in ray_pt["hosts"]) == [2, 2]
+    assert ray_pt["memory_after"]["workers"].count("ray::_Host") == 2
+    # the hosts' RSS is part of all the workers' RSS; registering 4 nodes grew the hosts
+    assert 0 < ray_pt["memory_after"]["hosts_rss_mb"] <= ray_pt["rss_mb"]
+    assert ray_pt["memory_after"]["hosts_rss_mb"] > ray_pt["memory_empty_hosts"]["hosts_rss_mb"]
+    for pt in (ray_pt, ip):
+        assert pt["node_iterations_per_s"] > 0 and pt["rss_mb_per_node"] == pytest.approx(pt["rss_mb"] / 4, abs=0.05)
+    assert ray_pt["throughput_ratio_vs_inprocess"] > 0
+    for proc_group in doc["raylet_process_groups"]:
+        with pytest.raises(ProcessLookupError):
+            import os
+
+            os.killpg(proc_group, 0)
