@@ -66,7 +66,8 @@ RESULTS_TOP = {"name", "status", "error", "config", "seed", "algorithm", "backen
                "iters_per_round", "info", "history", "privacy", "bits_sent_per_node", "failures", "wall_time_s",
                "train_cpu_s", "timings", "versions", "uncharged_statistics_released", "release_warning",
                "wall_time_s_with_startup", "stop_reason",
-               "noise"}  # the noise mode label (secret | reproducible) and its note: public, nothing of the data
+               "noise",  # the noise mode label (secret | reproducible) and its note: public, nothing of the data
+               "party"}  # the party the noise is calibrated to (the run's configuration): public
 
 
 def _fail_unknown(keys, allowed, what: str) -> None:

@@ -14,6 +14,7 @@ under ``out/runs/`` and a finished run is never re-run, so an interrupted sweep 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import importlib
 import math
@@ -25,7 +26,7 @@ import time
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import numpy as np
@@ -137,7 +138,6 @@ def reproduce(
         from ..gossip.ray_backend import check_ray_address
 
         check_ray_address(ray_address)
-        os.environ["RAY_ADDRESS"] = ray_address  # every run of the sweep (and its worker processes) joins it
     if backend != "inprocess" and jobs > 1:
         raise ConfigError(f"--jobs {jobs} with --backend {backend}: the runs share the Ray cluster's CPUs, one at a "
                           "time; pass --jobs 1 (each run spreads its nodes over the cluster itself)")
@@ -173,9 +173,28 @@ def reproduce(
         if estimate == "only":
             return None
     t0 = time.perf_counter()
-    records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs, device=device)
+    with _ray_address_for_sweep(ray_address):
+        records = run_sweep(p, specs, out_path, backend=backend, meta=meta, log=log, jobs=jobs, device=device)
     wall = time.perf_counter() - t0
     return _finish(p, meta, records, out_path, wall, log)
+
+
+@contextlib.contextmanager
+def _ray_address_for_sweep(ray_address: str | None) -> Iterator[None]:
+    """``RAY_ADDRESS`` set to ``ray_address`` while the sweep runs (every run and its worker processes join that
+    cluster), and restored after it, so a later Ray start in this process does not look for a cluster that is gone."""
+    if ray_address is None:
+        yield
+        return
+    before = os.environ.get("RAY_ADDRESS")
+    os.environ["RAY_ADDRESS"] = ray_address
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = before
 
 
 def select_runs(specs: list[RunSpec], patterns: Sequence[str]) -> list[RunSpec]:
