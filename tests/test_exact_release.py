@@ -105,3 +105,34 @@ def test_exact_mode_is_refused_where_the_node_has_no_exact_release():
     with pytest.raises(ConfigError, match="noise_sampler='exact' covers"):
         prepare("privsgp_vr", {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5},
                 n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58, seed=3, noise_sampler="exact")
+
+
+def test_a_secret_mode_restore_charges_the_replayed_segment_to_the_exact_ledger():
+    """An exact node restored at k0 in secret mode resends [k0, k1) with fresh discrete Gaussian noise: its exact
+    ledger (what it reports from) charges those steps again, never less than the releases charged them; the float
+    accountant stays untouched; a budget that cannot cover the rest stops the run."""
+    from flower_dp.errors import BudgetExceededError
+    from flower_dp.privacy import charge_replay
+
+    plan = prepare("dp2_sgd", {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5},
+                   n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58, seed=3, reproducible=False,
+                   noise_sampler="exact")
+    node = _node(plan)
+    for k in range(3):
+        node.mix([s for s in node.local_step(k) if s.receiver == 0])
+    before = node.privacy_report()
+    state = charge_replay(node.state_dict(), plan, 0, 1, 3)
+    restored = _node(plan)
+    restored.load_state_dict(state)
+    after = restored.privacy_report()
+    assert after["steps_charged"] == before["steps_charged"] + 2 == 5
+    assert restored.accountant.steps_charged == 0  # exact mode charges only its own ledger
+    charged = [(q, z, c) for (q, z), c in node._exact_ledger.items()]  # what the three releases charged
+    fifth = [(q, z, 2) for q, z, _ in charged[:1]]  # the same release twice more
+    assert after["eps_rigorous"] >= exact_epsilon(charged + fifth, plan.delta_of(0)) * (1 - 1e-9)
+    assert after["eps_rigorous"] > before["eps_rigorous"]
+    tight = prepare("dp2_sgd", {"lr": 0.1, "batch_size": 8, "clip": 1.0, "epsilon": 4.0, "delta": 1e-5,
+                                "budget_epsilon": 4.0}, n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58,
+                    seed=3, noise_sampler="exact")
+    with pytest.raises(BudgetExceededError, match="budget_epsilon"):
+        charge_replay(node.state_dict(), tight, 0, 1, 3)

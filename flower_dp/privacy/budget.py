@@ -19,7 +19,7 @@ from .._checks import check_choice, check_delta, check_epsilon, check_int
 from ..errors import BudgetExceededError, UnsupportedEventError
 from .accountant import ACCOUNTANTS, ADJACENCIES, GaussianStep, LaplaceStep, NodeAccountant, rigorous_epsilon
 
-__all__ = ["PrivacyBudget", "max_steps", "UNITS", "charge_replay"]
+__all__ = ["PrivacyBudget", "max_steps", "UNITS", "charge_replay", "REPLAY_MARGIN"]
 
 UNITS = ("record", "client", "node_round")
 
@@ -133,10 +133,15 @@ def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
     checkpoint; restored in secret mode, the node draws fresh noise for them, so those steps go out twice with
     independent noise and must be charged twice.  Conservatively the whole segment ``[k0, k1)`` is charged
     again.  Reproducible mode resends identical messages: nothing to add.  Non-private and heuristic plans:
-    unchanged.  Raises :class:`BudgetExceededError` when ``budget_epsilon`` can no longer cover the rest of the run.
+    unchanged.  In exact mode (``plan.noise_sampler == "exact"``) the node reports from its discrete Gaussian
+    ledger, so the steps go there, each with the planned multiplier lowered by :data:`REPLAY_MARGIN` (the
+    multiplier a release charges is the planned one up to float rounding; lower is the conservative side).
+    Raises :class:`BudgetExceededError` when ``budget_epsilon`` can no longer cover the rest of the run.
     """
     if plan.reproducible or not plan.private or plan.heuristic or k1 <= k0:
         return state
+    if getattr(plan, "noise_sampler", "float") == "exact":
+        return _charge_exact_replay(state, plan, node_id, k0, k1)
     acc = NodeAccountant(plan.accountant, plan.adjacency)
     acc.load_state_dict(state["accountant"])
     for step in plan.charged_steps(node_id, k0, k1):  # what the node charged for them the first time
@@ -144,11 +149,33 @@ def charge_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
     budget = getattr(plan.params, "budget_epsilon", None)
     if budget is not None:
         rest = plan.charged_steps(node_id, k0)
-        eps = acc.epsilon(plan.delta_of(node_id), extra=rest)
-        if eps > float(budget):
-            raise BudgetExceededError(
-                f"node {node_id}: restoring at k={k0} in secret mode charges the possibly sent steps k={k0}..{k1 - 1} "
-                f"again, and the rest of the run would then spend eps = {eps:.4g} > budget_epsilon = {budget}; the run "
-                "stops here with its results so far (resume with [run] reproducible = true to resend identical "
-                "messages, or raise the budget)", node=node_id, step=k0, epsilon_spent=eps, epsilon_limit=float(budget))
+        _check_replay_budget(acc.epsilon(plan.delta_of(node_id), extra=rest), budget, node_id, k0, k1)
     return {**state, "accountant": acc.state_dict()}
+
+
+#: Relative margin by which a replayed exact step's multiplier is lowered below the plan's (float rounding of the
+#: charged multiplier is ~1e-16 relative; 1e-12 covers it many times over and moves eps by ~1e-12 relative).
+REPLAY_MARGIN = 1e-12
+
+
+def _charge_exact_replay(state: dict, plan, node_id: int, k0: int, k1: int) -> dict:
+    from .discrete_gaussian import exact_epsilon
+
+    ledger: dict[tuple[float, float], int] = {(float(q), float(z)): int(c) for q, z, c in state.get("exact_ledger", [])}
+    for q, z, c in plan.exact_steps(node_id, k0, k1):
+        key = (float(q), float(z) * (1.0 - REPLAY_MARGIN))
+        ledger[key] = ledger.get(key, 0) + int(c)
+    budget = getattr(plan.params, "budget_epsilon", None)
+    if budget is not None:
+        history = [(q, z, c) for (q, z), c in ledger.items()] + list(plan.exact_steps(node_id, k0))
+        _check_replay_budget(exact_epsilon(history, plan.delta_of(node_id)), budget, node_id, k0, k1)
+    return {**state, "exact_ledger": [[q, z, c] for (q, z), c in ledger.items()]}
+
+
+def _check_replay_budget(eps: float, budget: float, node_id: int, k0: int, k1: int) -> None:
+    if eps > float(budget):
+        raise BudgetExceededError(
+            f"node {node_id}: restoring at k={k0} in secret mode charges the possibly sent steps k={k0}..{k1 - 1} "
+            f"again, and the rest of the run would then spend eps = {eps:.4g} > budget_epsilon = {budget}; the run "
+            "stops here with its results so far (resume with [run] reproducible = true to resend identical "
+            "messages, or raise the budget)", node=node_id, step=k0, epsilon_spent=eps, epsilon_limit=float(budget))
