@@ -8,6 +8,10 @@
 # starts Ray; after an in-process Ray test in the same process they take as long as alone.  Every pytest
 # process runs under a wall-clock limit, and pytest-timeout (pyproject.toml) fails a single hung test with
 # its stack, so the suite always ends.
+#
+# The main suite runs on FLOWER_DP_TEST_WORKERS pytest-xdist workers (default 2, one per core; 0 runs it in this
+# process).  tests/conftest.py keeps every test that starts Ray or Flower on one worker, one at a time, while the
+# other worker runs the rest beside them.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh" test
@@ -30,7 +34,10 @@ check() {  # check RC WHAT: remember the first failure, say what it was
 }
 
 set +e
-timeout -k 60 "$MAIN_LIMIT_S" .venv/bin/python -m pytest "${ISOLATED[@]/#/--ignore=}" "$@"
+WORKERS="${FLOWER_DP_TEST_WORKERS:-2}"
+PARALLEL=()
+if [ "$WORKERS" != 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder); fi
+timeout -k 60 "$MAIN_LIMIT_S" .venv/bin/python -m pytest "${PARALLEL[@]}" "${ISOLATED[@]/#/--ignore=}" "$@"
 check $? "the main test suite"
 for file in "${ISOLATED[@]}"; do
   ids=$(.venv/bin/python -m pytest -q --collect-only "$file" "$@" 2>/dev/null | grep "^$file::")
