@@ -30,7 +30,7 @@ from flower_dp.mechanisms.flat import flatten_params
 from flower_dp.privacy.accountant import NodeAccountant
 from flower_dp.mechanisms.noise import NoisePrefetcher, gaussian_noise, laplace_noise
 from flower_dp.privacy.discrete_gaussian import exact_epsilon
-from flower_dp.rng import NodeKey, exact_noise_stream, node_secret, noise_generator, numpy_rng
+from flower_dp.rng import NodeKey, exact_noise_stream, exact_stream, node_secret, noise_generator, numpy_rng
 from flower_dp.rng import torch_generator
 
 from .plan import HEURISTIC_NOTE, NoiseRelease, Plan, ablate, validate_params
@@ -211,7 +211,15 @@ class PushSumNode:
 
     # ----------------------------------------------------------------- shared stages
     def sample_poisson(self, k: int, batch_size: int) -> torch.Tensor:
-        """Poisson batch: each local sample kept independently w.p. ``q = B/J`` (private stream (key, node, data, k))."""
+        """Poisson batch: each local sample kept independently w.p. ``q = B/J`` (private stream (key, node, data, k)).
+
+        Exact mode (``noise_sampler="exact"``, an integer ``B``): each sample is kept with probability exactly
+        ``min(B, J) / J``, decided in integers on the node's ChaCha20 keystream, so the sampling the accountant charges
+        is the one that runs; float mode: numpy's PCG64 uniform below ``q`` in float64."""
+        if getattr(self.plan, "noise_sampler", "float") == "exact" and float(batch_size).is_integer():
+            keep = exact_stream(self._private_key, self.node_id, "data", k).below(self.J, min(int(batch_size), self.J),
+                                                                                 self.J)
+            return torch.as_tensor(np.flatnonzero(keep), dtype=torch.long)
         q = min(1.0, batch_size / self.J)
         rng = numpy_rng(self._private_key, self.node_id, "data", k)
         return torch.as_tensor(np.flatnonzero(rng.random(self.J) < q), dtype=torch.long)
@@ -343,7 +351,7 @@ class PushSumNode:
             raise NonFiniteError(f"node {self.node_id} at k={k}: {exc}", node=self.node_id, step=k) from exc
         if rows.shape[0] == 0:
             rows = torch.zeros(0, self.x.numel(), dtype=torch.float32)
-        coins = numpy_rng(self._private_key, self.node_id, "noise", k)
+        coins = exact_stream(self._private_key, self.node_id, "rounding", k)
         m, gamma, z, _ = exact_release(rows, clip, rel.std * batch_size, coins,
                                             exact_noise_stream(self._private_key, self.node_id, k))
         key = (float(self.plan.q[self.node_id]), float(z))

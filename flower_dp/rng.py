@@ -37,13 +37,14 @@ import numpy as np
 
 __all__ = ["PURPOSES", "PRIVATE_PURPOSES", "NodeKey", "node_secret", "noise_record", "stream_seed", "numpy_rng", "noise_generator",
            "torch_generator", "SECRET_NOTE", "REPRODUCIBLE_NOTE", "KeyStream", "stream_key",
-           "exact_noise_stream"]
+           "exact_noise_stream", "exact_stream"]
 
 #: Known purposes; the integer code is part of the stream key and must never change.
-PURPOSES = {"data": 0, "noise": 1, "compress": 2, "init": 3, "sample": 4, "lrq": 5, "topology": 6, "eval": 7}
+PURPOSES = {"data": 0, "noise": 1, "compress": 2, "init": 3, "sample": 4, "lrq": 5, "topology": 6, "eval": 7,
+            "rounding": 8}
 
 #: Purposes whose draws must stay unknown outside the node (privacy noise, private sampling).
-PRIVATE_PURPOSES = frozenset({"noise", "data", "sample", "lrq"})
+PRIVATE_PURPOSES = frozenset({"noise", "data", "sample", "lrq", "rounding"})
 
 #: The ``note`` of :func:`noise_record` in each mode.
 SECRET_NOTE = ("privacy noise and private sampling are drawn from a per-node 256-bit secret (OS entropy) that "
@@ -207,6 +208,27 @@ class KeyStream:
         w >>= np.uint64(2)
         return w.view(np.int64)
 
+    def uniform53(self, n: int) -> np.ndarray:
+        """The next ``n`` words as float64 uniforms on the grid ``{0, 2^-53, ..., 1 - 2^-53}`` (each exactly
+        ``w 2^-53`` for a uniform 53-bit integer ``w``: no rounding)."""
+        w = self.words64(n)
+        w >>= np.uint64(11)
+        return w.astype(np.float64) * 2.0 ** -53
+
+    def below(self, n: int, num: int, den: int) -> np.ndarray:
+        """``n`` independent Bernoulli(``num / den``) outcomes, exactly: a uniform integer in ``[0, den)`` (64-bit
+        words, those above the largest multiple of ``den`` redrawn) compared with ``num``."""
+        num, den, n = int(num), int(den), int(n)
+        if not 0 < den < 2 ** 63 or not 0 <= num <= den:
+            raise ValueError(f"need 0 <= num <= den and 0 < den < 2^63, got num={num}, den={den}")
+        limit = np.uint64((2 ** 64 // den) * den - 1)
+        u = self.words64(n)
+        bad = np.flatnonzero(u > limit)
+        while bad.size:
+            u[bad] = self.words64(bad.size)
+            bad = bad[u[bad] > limit]
+        return (u % np.uint64(den)) < np.uint64(num)
+
     def __reduce__(self):
         raise TypeError("a KeyStream is a live cipher state and is not picklable; make a new one where it is used")
 
@@ -225,6 +247,12 @@ def stream_key(seed: int | NodeKey, node: int, purpose: str | int, k: int = 0) -
                  _purpose_code(purpose).to_bytes(8, "big"), int(k).to_bytes(8, "big", signed=True)):
         h.update(part)
     return h.digest()
+
+
+def exact_stream(seed: int | NodeKey, node: int, purpose: str, k: int = 0) -> KeyStream:
+    """Node ``node``'s ChaCha20 keystream for ``purpose`` at iteration ``k``: the exact mode draws its noise
+    (``"noise"``), its Poisson sample (``"data"``) and its rounding coins (``"rounding"``) from these."""
+    return KeyStream(stream_key(seed, node, purpose, k))
 
 
 def exact_noise_stream(seed: int | NodeKey, node: int, k: int = 0) -> KeyStream:

@@ -136,3 +136,31 @@ def test_a_secret_mode_restore_charges_the_replayed_segment_to_the_exact_ledger(
                     seed=3, noise_sampler="exact")
     with pytest.raises(BudgetExceededError, match="budget_epsilon"):
         charge_replay(node.state_dict(), tight, 0, 1, 3)
+
+
+def test_exact_mode_samples_and_rounds_on_the_nodes_chacha20_keystream():
+    """Every random choice of an exact release comes from the node's ChaCha20 keystream: the Poisson sample is kept
+    with probability exactly B/J (uniform integers in [0, J), checked by a binomial count over many draws) and the
+    rounding coins are 53-bit uniforms; both streams are keyed by the node's key, so another key gives another
+    batch."""
+    from flower_dp.rng import PRIVATE_PURPOSES, KeyStream, exact_stream, stream_key
+
+    assert "rounding" in PRIVATE_PURPOSES
+    s = KeyStream(stream_key(5, 0, "data", 0))
+    n, num, den = 400_000, 3, 7
+    hits = int(s.below(n, num, den).sum())
+    p = num / den
+    assert abs(hits - n * p) < 5 * math.sqrt(n * p * (1 - p))
+    u = KeyStream(stream_key(5, 0, "rounding", 0)).uniform53(100_000)
+    assert u.min() >= 0 and u.max() < 1 and np.all(u * 2 ** 53 == np.floor(u * 2 ** 53))
+    assert abs(u.mean() - 0.5) < 5 * math.sqrt(1 / 12 / len(u))
+    with pytest.raises(ValueError, match="num <= den"):
+        s.below(3, 8, 7)
+
+    plan = _plan("exact")
+    node = _node(plan)
+    idx = node.sample_poisson(2, 8)
+    keep = exact_stream(node._private_key, 0, "data", 2).below(64, 8, 64)
+    assert idx.tolist() == np.flatnonzero(keep).tolist()
+    other = exact_stream(node._private_key, 1, "data", 2).below(64, 8, 64)
+    assert not np.array_equal(keep, other)

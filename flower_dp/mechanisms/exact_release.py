@@ -12,8 +12,9 @@
    integer); after :data:`ROUNDING_TRIES` failures (probability ``beta^tries``) the sample contributes the zero
    vector.  The bound is *enforced* by an exact int64 check, so every record's integer vector has L2 norm at most
    ``sqrt(D2)`` whatever the floating-point errors of the gradient and clipping before it: the integer sum's L2
-   sensitivity (add/remove one record) is ``Delta = sqrt(D2)``, for every value of the rounding coins (which
-   therefore need no secrecy; they come from the node's private "noise" numpy stream).
+   sensitivity (add/remove one record) is ``Delta = sqrt(D2)`` for every value of the rounding coins.  The proof
+   pairs the datasets' shared records with the same coins, so the coins must be independent across records and
+   hidden: they come from the node's ChaCha20 keystream (purpose ``"rounding"``), as its Poisson sample does.
 3. **Noise.**  ``N_Z(0, sigma^2)^d`` from :func:`flower_dp.mechanisms.discrete_gaussian.discrete_gaussian` on the
    node's ChaCha20 keystream, ``sigma = z C / gamma`` grid units (rounded up to the sampler's exact grid).
 4. **Release.**  The int64 vector ``m = sum_s round(g_s / gamma) + noise``; anything computed from it (``gamma m /
@@ -69,9 +70,17 @@ def inflation(d: int) -> float:
     return math.nextafter(math.sqrt(rounding_bound(d)) / (GRID_PER_SQRT_D * math.sqrt(d)), math.inf)
 
 
-def round_conditional(v: np.ndarray, d2: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+def _uniform(coins, shape: tuple[int, ...]) -> np.ndarray:
+    """Uniforms on [0, 1) from ``coins``: a :class:`flower_dp.rng.KeyStream` (53-bit grid) or a numpy Generator."""
+    if hasattr(coins, "uniform53"):
+        return coins.uniform53(math.prod(shape)).reshape(shape)
+    return coins.random(shape)
+
+
+def round_conditional(v: np.ndarray, d2: int, rng) -> tuple[np.ndarray, int]:
     """Each row of ``v`` (float64, grid units) rounded at random to a neighbouring integer vector with squared norm
-    <= ``d2`` (redrawn up to :data:`ROUNDING_TRIES` times, then zero).  Returns ``(int64 rows, rows zeroed)``."""
+    <= ``d2`` (redrawn up to :data:`ROUNDING_TRIES` times, then zero); the coins come from ``rng`` (a
+    :class:`flower_dp.rng.KeyStream` in the nodes, or a numpy Generator).  Returns ``(int64 rows, rows zeroed)``."""
     lo = np.floor(v)
     frac = v - lo
     lo = lo.astype(np.int64)
@@ -80,7 +89,7 @@ def round_conditional(v: np.ndarray, d2: int, rng: np.random.Generator) -> tuple
     for _ in range(ROUNDING_TRIES):
         if not len(todo):
             break
-        r = lo[todo] + (rng.random(frac[todo].shape) < frac[todo])
+        r = lo[todo] + (_uniform(rng, frac[todo].shape) < frac[todo])
         ok = np.einsum("ij,ij->i", r, r) <= d2  # exact: int64, |entries| <= c + 1, d (c + 1)^2 < 2^63
         out[todo[ok]] = r[ok]
         todo = todo[~ok]
