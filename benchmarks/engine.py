@@ -33,7 +33,7 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from flower_dp.flower_run import client_app_from_config
+from flower_dp.experiments.flower_run import client_app_from_config
 
 from ._common import PeakSampler, current_rss_mb, missing
 
@@ -206,13 +206,13 @@ def _server_main(grid: Grid, context: Context) -> None:
 
 
 def _run_flower(scenario: str, n: int, J: int, batch: int, iters: int, rounds: int = 1, threads: int = 1) -> dict:
-    """``flwr run`` of :data:`SERVER` and :data:`CLIENT` on n SuperNodes (:func:`flower_dp.flower_run.run_app`);
+    """``flwr run`` of :data:`SERVER` and :data:`CLIENT` on n SuperNodes (:func:`flower_dp.experiments.flower_run.run_app`);
     returns what the ServerApp saw, with ``t0`` (Unix time before the start) and ``t_end`` (after the end)."""
     import json
     import tempfile
     from pathlib import Path
 
-    from flower_dp.flower_run import run_app
+    from flower_dp.experiments.flower_run import run_app
 
     with tempfile.TemporaryDirectory(prefix="engine-bench-") as work:
         out_file = Path(work) / "seen.json"

@@ -78,7 +78,7 @@ def dense_topology_mib(n: int) -> float:
 
 
 def _free_port() -> int:
-    from flower_dp.flower_run import free_port
+    from flower_dp.experiments.flower_run import free_port
 
     return free_port()
 
@@ -150,7 +150,7 @@ def start_cluster(raylets: int = 2, num_cpus: int = 1) -> dict:
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    from flower_dp.flower_run import kill_group
+    from flower_dp.experiments.flower_run import kill_group
 
     kill_group(proc)
 
@@ -371,7 +371,7 @@ def run(quick: bool = False, *, skip_ray: bool = False, sizes=None, iters: int |
     def left() -> float:
         return float("inf") if budget_s is None else budget_s - (time.perf_counter() - t_start)
 
-    from flower_dp.flower_run import sigterm_raises
+    from flower_dp.experiments.flower_run import sigterm_raises
 
     with sigterm_raises():  # `timeout` sends SIGTERM: the finally below still stops the raylets
         cluster = start_cluster(raylets, num_cpus=2 if quick else 1)

@@ -4,7 +4,7 @@
 #
 # The tests of ISOLATED each run in a pytest process of their own.  The Gau-LRQ Flower tests
 # (tests/test_gau_lrq_flower*.py) run in the main suite: their simulations run under `flwr run`
-# (flower_dp.flower_run: SuperLink, Ray head and apps in other processes), so the pytest process never
+# (flower_dp.experiments.flower_run: SuperLink, Ray head and apps in other processes), so the pytest process never
 # starts Ray; after an in-process Ray test in the same process they take as long as alone.  Every pytest
 # process runs under a wall-clock limit, and pytest-timeout (pyproject.toml) fails a single hung test with
 # its stack, so the suite always ends.

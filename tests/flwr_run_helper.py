@@ -1,4 +1,4 @@
-"""`flwr run` from a test: :mod:`flower_dp.flower_run` with the test's ``tmp_path``, and what a test's ServerApp
+"""`flwr run` from a test: :mod:`flower_dp.experiments.flower_run` with the test's ``tmp_path``, and what a test's ServerApp
 hands back.
 
 The SuperLink (``--simulation``) and the Ray head run in their own process groups and are killed afterwards.  A
@@ -18,8 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator, Mapping
 
-from flower_dp.flower_run import FlwrRun, free_port, kill_group, ray_head, run_app, sigterm_raises
-from flower_dp.flower_run import flwr_run as _flwr_run
+from flower_dp.experiments.flower_run import FlwrRun, free_port, kill_group, ray_head, run_app, sigterm_raises
+from flower_dp.experiments.flower_run import flwr_run as _flwr_run
 
 __all__ = ["flwr_run", "free_port", "kill_group", "load_strategy", "ray_head", "run_test_app", "save_strategy",
            "saving_errors", "sigterm_raises"]

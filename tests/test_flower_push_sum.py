@@ -1,7 +1,7 @@
 """Flower-on-Ray and server-relay push-sum runs give the in-process numbers.
 
 The three Flower runs compared here (the toy nodes on Ray and on the relay, PartPSP on Ray) run one after the
-other in one ``flwr run`` (:func:`flower_dp.flower_run.run_app`) of :data:`SERVER`, shared by the tests of this
+other in one ``flwr run`` (:func:`flower_dp.experiments.flower_run.run_app`) of :data:`SERVER`, shared by the tests of this
 module (:func:`flower_runs`); it writes what each strategy saw to the run's folder
 (:func:`flwr_run_helper.save_strategy`) for its test to compare.
 """

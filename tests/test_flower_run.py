@@ -1,4 +1,4 @@
-"""`flower_dp.flower_run`: the app it writes is one Flower itself accepts, run configuration values survive the trip,
+"""`flower_dp.experiments.flower_run`: the app it writes is one Flower itself accepts, run configuration values survive the trip,
 bad references and values are refused at once, and a ServerApp's error comes back in the run's output."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from flower_dp.flower_run import run_app, write_app
+from flower_dp.experiments.flower_run import run_app, write_app
 
 #: a ServerApp that fails at once with a recognisable message (run by test_a_server_error_comes_back_in_the_output)
 FAILING = ServerApp()
@@ -95,7 +95,7 @@ def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(t
     key = sources.register(sources.PREFIX + "workdir-test", sources.OwnSource(
         lambda: torch.nn.Linear(2, 2), (torch.zeros(8, 2), torch.zeros(8, dtype=torch.long)),
         (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)), 2))
-    monkeypatch.setattr(fb.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.setattr(fb, "run_app", fake_run_app)
     cfg = config_from_dict({"run": {"name": "w"}, "data": {"dataset": key}, "model": {"name": key},
                             "topology": {"n_nodes": 2}})
@@ -107,6 +107,62 @@ def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(t
     assert len(made) == 1 and not made[0].exists()
 
 
+@pytest.mark.parametrize("way_out", [None, RuntimeError("flwr run failed"), TimeoutError("ran past timeout_s"),
+                                     KeyboardInterrupt()])
+def test_the_gau_lrq_work_folder_with_the_secret_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out):
+    """Gau-LRQ's simulation writes the master secret and the caller's ClientApp into the same kind of private
+    folder (flower_run.private_work_dir): gone afterwards however flwr run ends, a finished run's results read."""
+    import tempfile
+
+    import flower_dp.experiments.flower_run as fr
+    from flower_dp.experiments import gau_lrq
+
+    made = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*a, **kw):
+        made.append(Path(real_mkdtemp(*a, **kw)))
+        return str(made[-1])
+
+    def fake_run_app(*a, work_dir, run_config, **kw):
+        assert Path(run_config["lrq-secret-file"]).read_bytes() == b"s" * 32
+        assert oct(Path(work_dir).stat().st_mode)[-3:] == "700"
+        if way_out is not None:
+            raise way_out
+        Path(run_config["results-file"]).write_text('{"finished": true, "results": {"stop_reason": "completed"}}')
+        return None
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(fr, "run_app", fake_run_app)
+    kw = dict(inputs={}, num_rounds=1, secret=b"s" * 32, client_app=None, num_cpus=1, round_timeout_s=5.0)
+    strategy = {"secret_file": None, "num_clients": 2, "key_dir": str(tmp_path / "keys")}
+    if way_out is None:
+        assert gau_lrq._simulate(strategy, **kw) == {"stop_reason": "completed"}
+    else:
+        with pytest.raises(type(way_out)):
+            gau_lrq._simulate(strategy, **kw)
+    assert len(made) == 1 and not made[0].exists()
+
+
+def test_flwr_run_output_is_streamed_as_it_comes_and_a_run_past_its_timeout_is_stopped():
+    """The launcher hands each output line to its caller while the command still runs (progress on a long run),
+    and stops a command that runs past its timeout (its whole process group), returning what it printed."""
+    import sys
+    import time
+
+    from flower_dp.experiments.flower_run import _streamed
+
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    code = ("import sys, time\nprint('first', flush=True)\ntime.sleep(1.5)\nprint('second', file=sys.stderr, "
+            "flush=True)\n")
+    rc, text = _streamed([sys.executable, "-c", code], {}, 60, lambda line: seen.append((time.monotonic() - t0, line)))
+    assert rc == 0 and [line for _, line in seen] == ["first", "second"] and "first" in text and "second" in text
+    assert seen[1][0] - seen[0][0] > 1.0  # the first line came before the command ended
+    rc, text = _streamed([sys.executable, "-c", "import time\nprint('begun', flush=True)\ntime.sleep(60)"], {}, 2, None)
+    assert rc is None and "begun" in text
+
+
 @pytest.mark.flower
 def test_the_runs_own_ray_head_refuses_clients_without_its_token(tmp_path):
     """The Ray head flwr_run starts for a run (Ray's token authentication, the token in the caller's private
@@ -115,7 +171,7 @@ def test_the_runs_own_ray_head_refuses_clients_without_its_token(tmp_path):
     import subprocess
     import sys
 
-    from flower_dp.flower_run import ray_head, ray_token_env
+    from flower_dp.experiments.flower_run import ray_head, ray_token_env
 
     folder = tmp_path / "work"
     folder.mkdir(mode=0o700)

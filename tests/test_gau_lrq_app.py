@@ -1,7 +1,7 @@
 """The ClientApp of ``run_gau_lrq(backend="simulation")`` (:mod:`flower_dp.experiments.gau_lrq_app`), in-process.
 
 The simulation's SuperNodes run the module-level ``client_app``, which runs either the caller's ClientApp carried as
-a :mod:`flower_dp.handoff` file (``client-app-file``) or ``make_client_app`` (each node's key from ``lrq-key-dir``).  Both
+a :mod:`flower_dp.experiments.handoff` file (``client-app-file``) or ``make_client_app`` (each node's key from ``lrq-key-dir``).  Both
 must answer as the ClientApp they stand for: the same seeded run through :class:`InProcessGrid` gives the same numbers.
 The simulation itself: tests/test_gau_lrq_flower.py.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from flwr.clientapp import ClientApp
 
-from flower_dp import handoff
+from flower_dp.experiments import handoff
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
 from flower_dp.mechanisms.gau_lrq_codec import write_client_keys
 from flower_dp.experiments import gau_lrq_app

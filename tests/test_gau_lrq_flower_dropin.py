@@ -2,7 +2,7 @@
 Flower's default runtime dependency installation.
 
 The user's ServerApp and ClientApp are this module's :data:`server_app` and :data:`client_app`, run by ``flwr run``
-(:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1) in other processes; the
+(:func:`flower_dp.experiments.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1) in other processes; the
 ServerApp writes what the assertions read to the JSON file named in the run config.
 """
 
@@ -22,7 +22,7 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from flower_dp.clients.lrq_mod import make_gau_lrq_mod
-from flower_dp.flower_run import run_app
+from flower_dp.experiments.flower_run import run_app
 from flwr_run_helper import flwr_run
 from flower_dp.privacy.gau_lrq import client_level_epsilon
 from flower_dp.strategies.gau_lrq import GauLRQ

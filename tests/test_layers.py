@@ -123,3 +123,21 @@ def test_the_check_sees_lazy_imports(tmp_path):
     f.write_text("def f():\n    from flower_dp.experiments.runner import run_experiment\n")
     assert "flower_dp.experiments.runner" in _imported("flower_dp.clients.m", f)
     assert layer("flower_dp.experiments.runner") == "application" and layer("flower_dp.mechanisms.lrq") == "core"
+
+
+def _imports_flwr(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = []
+    for node in ast.walk(tree):  # lazy imports inside functions count
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names.append(node.module or "")
+    return [n for n in names if n == "flwr" or n.startswith("flwr.")]
+
+
+def test_no_core_module_imports_flwr():
+    """The core knows nothing about Flower: only clients/, strategies/ and the application (which holds the
+    ``flwr run`` launcher, ``flower_dp.experiments.flower_run``) import ``flwr``."""
+    bad = {name: _imports_flwr(path) for name, path in _modules().items() if layer(name) == "core"}
+    assert not {k: v for k, v in bad.items() if v}

@@ -9,7 +9,7 @@ pickle module.  Relay messages, node specs, node states in ``context.state`` and
 
 Out of scope: Ray's own actor transport (``transport="ray"`` hands node factories and shares to Ray, which
 serialises them with cloudpickle inside its cluster).  One module of flower-dp loads a pickle itself:
-:mod:`flower_dp.handoff`, which hands a caller's own model factory, data or ClientApp to the Flower simulation that
+:mod:`flower_dp.experiments.handoff`, which hands a caller's own model factory, data or ClientApp to the Flower simulation that
 caller starts (``flwr run`` runs the apps in other processes), through a 0600 file in a 0700 folder, read only after
 checking both belong to this user alone; a test below checks those refusals.
 The other tests check the behaviour: a pickle put where a relay payload, a node spec or a checkpoint
@@ -74,7 +74,7 @@ def _violations(path: Path) -> list[str]:
 
 
 #: the one module allowed to (de)serialise with cloudpickle: the caller's own objects to its own simulation
-HANDOFF = ROOT / "flower_dp" / "handoff.py"
+HANDOFF = ROOT / "flower_dp" / "experiments" / "handoff.py"
 
 
 def test_package_has_no_pickle_loader():
@@ -180,7 +180,7 @@ def test_handoff_reads_only_a_file_of_this_user_alone(tmp_path):
     is refused before anything is loaded."""
     import os
 
-    from flower_dp import handoff
+    from flower_dp.experiments import handoff
 
     folder = tmp_path / "run"
     folder.mkdir(mode=0o700)

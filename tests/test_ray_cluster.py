@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from flower_dp.flower_run import free_port, kill_group
+from flower_dp.experiments.flower_run import free_port, kill_group
 
 pytestmark = pytest.mark.flower
 

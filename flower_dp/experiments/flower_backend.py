@@ -3,10 +3,10 @@
 :func:`run_flower_experiment` is the Flower twin of :func:`flower_dp.experiments.run_experiment`: one SuperNode per
 push-sum node, one Flower round per segment of ``run.eval_every`` iterations, shares exchanged peer to peer between
 Ray host actors, the network-average model evaluated by the server after every round.  It runs :data:`server_app`
-and the push-sum ClientApp with ``flwr run`` (:func:`flower_dp.flower_run.run_app`, Flower 1.42's replacement for
+and the push-sum ClientApp with ``flwr run`` (:func:`flower_dp.experiments.flower_run.run_app`, Flower 1.42's replacement for
 ``run_simulation``); the config travels as a JSON file named in the run configuration, and the models and data
 registered in this process (:mod:`flower_dp.sources`, e.g. by :func:`flower_dp.train_private`) as a
-:mod:`flower_dp.handoff` file beside it (a private folder, read only by the simulation this call starts), installed
+:mod:`flower_dp.experiments.handoff` file beside it (a private folder, read only by the simulation this call starts), installed
 by :data:`server_app` and :data:`client_app` before they build a node.  The strategy's run engine
 writes ``results.json`` in the runner's layout (history rows with ``k``, ``bits_total``, the evaluation; per-node
 privacy; ``config``; ``info``), so reports and sweeps treat both backends alike.  Same seed and config with
@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from .. import results as rio
 from .. import sources
-from ..flower_run import client_app_from_config, run_app
+from .flower_run import client_app_from_config, private_work_dir, run_app
 from ..recorder import FAILED, RUNNING
 from .config import ExperimentConfig, config_from_dict
 
@@ -46,7 +44,7 @@ def _install_sources(run_config) -> None:
     """Install the own models and data of ``sources-file`` (if any) in this process."""
     path = str(run_config.get("sources-file", ""))
     if path:
-        from .. import handoff
+        from . import handoff
 
         sources.install(handoff.read(path))
 
@@ -108,7 +106,7 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     segment may take; ``run_timeout_s``: how long the whole ``flwr run`` may take (``None``: no bound).
     ``ray_address`` (``"HEAD:PORT"``; default the config's ``run.ray_address``, else ``RAY_ADDRESS``): the simulation
     runs on that running
-    Ray cluster instead of a Ray head of its own on 127.0.0.1 (:func:`flower_dp.flower_run.run_app`).  The private
+    Ray cluster instead of a Ray head of its own on 127.0.0.1 (:func:`flower_dp.experiments.flower_run.run_app`).  The private
     work folder (the config, the own models and data, Flower's home) is removed on every way out: success, failure,
     timeout, KeyboardInterrupt.
     """
@@ -117,12 +115,11 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     if resume is None:
         resume = (out / rio.CHECKPOINT_NAME).is_file() and bool(prev) and prev.get("config") == cfg.to_dict()
     address = ray_address or cfg.run.get("ray_address") or os.environ.get("RAY_ADDRESS") or None
-    work = Path(tempfile.mkdtemp(prefix="flower-dp-flwr-"))  # 0700: the own data below is read by this run alone
-    try:
+    with private_work_dir("flower-dp-flwr-") as work:  # the own data below is read by this run alone
         (work / "config.json").write_text(json.dumps(cfg.to_dict()))
         own = sources.snapshot()
         if own:
-            from .. import handoff
+            from . import handoff
 
             handoff.write(own, work / "sources.pkl")
         if (out / "results.json").is_file() and not resume:
@@ -130,19 +127,22 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
         run = run_app("flower_dp.experiments.flower_backend:server_app",
                       "flower_dp.experiments.flower_backend:client_app",
                       num_supernodes=cfg.n_nodes, work_dir=work, timeout_s=run_timeout_s, pythonpath=_user_paths(),
-                      ray_address=address,
+                      ray_address=address, on_line=flower_progress if cfg.run.get("progress", True) else None,
                       run_config={"config-file": str(work / "config.json"),
                                   "sources-file": str(work / "sources.pkl") if own else "", "out-dir": str(out),
                                   "num-hosts": int(num_hosts), "num-gpus-per-host": float(num_gpus_per_host),
                                   "timeout-s": float(timeout_s), "resume": bool(resume), "started-at": time.time()})
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     doc = rio.read_json(out / "results.json")
     if doc is None or doc.get("status") in (RUNNING, FAILED, None):
         raise RuntimeError(f"the Flower simulation of {cfg.run['name']!r} ended without results, or failed, in "
                            f"{str(out)!r} (flwr run exited with {run.returncode}); the end of its output:\n"
                            f"{run.tail()}")
     return doc
+
+
+def flower_progress(line: str) -> None:
+    """Echo one line of ``flwr run``'s output to stderr as it comes (Flower's own round and log lines)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _user_paths() -> list[str]:

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Hashable, Iterator, Mapping, Sequence
 
-__all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "ray_head",
-           "ray_token_env", "run_app", "sigterm_raises", "write_app"]
+__all__ = ["COMPLETED", "FlwrRun", "client_app_from_config", "flwr_run", "free_port", "kill_group", "private_work_dir",
+           "ray_head", "ray_token_env", "run_app", "sigterm_raises", "write_app"]
 
 ConfigValue = bool | int | float | str
 
@@ -174,7 +174,7 @@ def ray_head(env: Mapping[str, str] | None = None, num_cpus: int | None = None) 
 def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, run_config: str = "",
              timeout_s: float | None = 600, runtime_install: bool = False, pythonpath: Sequence[str | Path] = (),
              env: Mapping[str, str] | None = None, num_cpus: int | None = None,
-             ray_address: str | None = None) -> FlwrRun:
+             ray_address: str | None = None, on_line: Callable[[str], None] | None = None) -> FlwrRun:
     """``flwr run APP --stream`` against a SuperLink (``--simulation``) and a Ray head of its own; both stopped after.
 
     ``ray_address`` (``"HEAD:PORT"`` of a running Ray cluster): the simulation joins that cluster instead
@@ -186,7 +186,8 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
     ``runtime_install=False`` sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` (the app runs on this
     environment); ``True`` leaves Flower's default (``uv sync`` of the app's dependencies per run).  ``pythonpath``:
     folders the ServerApp, the ClientApps and the Ray workers import from, besides the app.  A ``flwr run`` that
-    runs past ``timeout_s`` (``None``: no bound) is stopped and raises :class:`TimeoutError` with its output so far."""
+    runs past ``timeout_s`` (``None``: no bound) is stopped and raises :class:`TimeoutError` with its output so far.
+    ``on_line``: called with each line of ``flwr run``'s output as it comes (progress on a long run)."""
     bin_dir = Path(sys.executable).parent
     home = Path(work_dir) / "flwr_home"
     home.mkdir(parents=True, exist_ok=True)
@@ -208,7 +209,7 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
         return link_log.read_text(errors="replace")[-3000:] if link_log.is_file() else ""
 
     if ray_address:
-        from .gossip.ray_backend import check_ray_address
+        from ..gossip.ray_backend import check_ray_address
 
         check_ray_address(ray_address)
         head: Any = nullcontext(ray_address)
@@ -229,24 +230,58 @@ def flwr_run(app: str | Path, work_dir: str | Path, *, federation_config: str, r
                 if run_config:
                     cmd += ["--run-config", run_config]
                 t = time.monotonic()
-                try:
-                    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-                except subprocess.TimeoutExpired as exc:
-                    so_far = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
-                                     for x in (exc.stdout, exc.stderr))
+                returncode, text = _streamed(cmd, env, timeout_s, on_line)
+                if returncode is None:
                     raise TimeoutError(f"`flwr run {app}` ran past timeout_s = {timeout_s:g} s and was stopped; its "
-                                       f"output so far:\n{so_far[-3000:]}\n--- superlink log ---\n{link_tail()}"
-                                       ) from None
+                                       f"output so far:\n{text[-3000:]}\n--- superlink log ---\n{link_tail()}")
                 wall = time.monotonic() - t
-                text = out.stdout + out.stderr
                 run_id, status, details = _run_status(bin_dir, env, text)
                 if run_id and status != COMPLETED:
                     log_text = _flwr(bin_dir, env, "log", run_id, "local-run", "--show")
                     text += "\n--- flwr log --show ---\n" + log_text
-                return FlwrRun(out.returncode, text + "\n--- superlink log ---\n" + link_tail(), wall, run_id, status,
+                return FlwrRun(returncode, text + "\n--- superlink log ---\n" + link_tail(), wall, run_id, status,
                                details)
             finally:
                 kill_group(link)
+
+
+def _streamed(cmd: list[str], env: Mapping[str, str], timeout_s: float | None,
+              on_line: Callable[[str], None] | None) -> tuple[int | None, str]:
+    """Run ``cmd`` with stdout and stderr merged, handing each line to ``on_line`` as it comes; ``(return code,
+    output)``, the code None when it ran past ``timeout_s`` (its process group is then stopped)."""
+    proc = subprocess.Popen(cmd, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line.rstrip("\n"))
+
+    reader = threading.Thread(target=read, name="flwr-run-output", daemon=True)
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    reader.join(timeout=10)
+    return code, "".join(lines)
+
+
+@contextmanager
+def private_work_dir(prefix: str) -> Iterator[Path]:
+    """A new 0700 folder for one ``flwr run`` (its app, Flower's home, the caller's files), removed with everything in
+    it however the block ends: results, an error, a timeout, KeyboardInterrupt."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield work
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @contextmanager
@@ -299,7 +334,7 @@ def write_app(app_dir: str | Path, server_app: str, client_app: str,
     app's run configuration) and ``flower_dp_run_app.py``, which imports the ServerApp and the ClientApp named by
     ``"package.module:attribute"``.  Returns ``app_dir``."""
     refs = {"server_app": server_app, "client_app": client_app}
-    lines = ['"""The ServerApp and the ClientApp of this run (written by flower_dp.flower_run.write_app)."""', ""]
+    lines = ['"""The ServerApp and the ClientApp of this run (written by flower_dp.experiments.flower_run.write_app)."""', ""]
     for alias, ref in refs.items():
         module, _, attr = ref.partition(":")
         if not module or not attr.isidentifier():
@@ -317,7 +352,7 @@ build-backend = "hatchling.build"
 [project]
 name = "{name}"
 version = "0.1.0"
-description = "A run written by flower_dp.flower_run"
+description = "A run written by flower_dp.experiments.flower_run"
 license = "Apache-2.0"
 requires-python = ">=3.11"
 dependencies = []
@@ -338,19 +373,21 @@ clientapp = "flower_dp_run_app:client_app"
 def run_app(server_app: str, client_app: str, *, num_supernodes: int, work_dir: str | Path,
             run_config: Mapping[str, ConfigValue] | None = None, timeout_s: float | None = 600,
             pythonpath: Sequence[str | Path] = (), client_num_cpus: int = 1, client_num_gpus: float = 0.0,
-            num_cpus: int | None = None, ray_address: str | None = None) -> FlwrRun:
+            num_cpus: int | None = None, ray_address: str | None = None,
+            on_line: Callable[[str], None] | None = None) -> FlwrRun:
     """Run a ServerApp and a ClientApp, each named ``"package.module:attribute"``, on ``num_supernodes`` simulated
     SuperNodes with ``flwr run`` (Flower's replacement for ``run_simulation``); the app is written to
     ``work_dir/app``.  ``pythonpath``: folders the two apps' modules are imported from when they are not installed.
     ``num_cpus``: the CPUs of the Ray head the simulation runs on (default all of this machine's); ``ray_address``:
-    run the simulation on that running Ray cluster instead of a head of its own (:func:`flwr_run`)."""
+    run the simulation on that running Ray cluster instead of a head of its own (:func:`flwr_run`); ``on_line``: each
+    output line as it comes."""
     if int(num_supernodes) < 1:
         raise ValueError(f"num_supernodes = {num_supernodes!r}: a simulation needs at least 1 SuperNode")
     app = write_app(Path(work_dir) / "app", server_app, client_app, run_config)
     federation = (f"num-supernodes={int(num_supernodes)} client-resources-num-cpus={int(client_num_cpus)} "
                   f"client-resources-num-gpus={float(client_num_gpus)}")
     return flwr_run(app, work_dir, federation_config=federation, timeout_s=timeout_s, pythonpath=pythonpath,
-                    num_cpus=num_cpus, ray_address=ray_address)
+                    num_cpus=num_cpus, ray_address=ray_address, on_line=on_line)
 
 
 def client_app_from_config(build: Callable[[Mapping[str, Any]], Any],

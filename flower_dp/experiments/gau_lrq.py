@@ -28,7 +28,6 @@ import json
 import math
 import os
 import secrets
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -263,7 +262,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
                 secret_file: str | os.PathLike | None = None, backend: str = "inprocess", resume: bool = False,
                 bq_bits: int = 4, num_cpus: int = 2, client_app: ClientApp | None = None,
                 round_timeout_s: float = 600.0, secret: bytes | None = None, reproducible: bool = False,
-                party: str | None = None) -> dict:
+                party: str | None = None, run_timeout_s: float | None = None) -> dict:
     """Run one Gau-LRQ / baseline experiment and return its results dict (also ``out_dir/results.json``).
 
     Parameters
@@ -312,7 +311,7 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
     client_app : ClientApp or None
         Replace the ClientApp (it must use the Gau-LRQ mod reading its key from the run config:
         ``gau_lrq_mod`` or ``make_gau_lrq_mod()``); for fault-injection tests.  With
-        ``backend="simulation"`` it travels to the SuperNodes as a :mod:`flower_dp.handoff` file (its functions must be
+        ``backend="simulation"`` it travels to the SuperNodes as a :mod:`flower_dp.experiments.handoff` file (its functions must be
         importable there, or defined in ``__main__``).
     round_timeout_s : float
         How long the server waits for a round's replies (``backend="simulation"``); a client that has
@@ -322,6 +321,9 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
         ``party``): None or ``"model_observer"`` (the released global models: the paper's adversary),
         ``"network_observer"`` (knows who sends: no amplification) or ``"client"`` (with per-client keys).
         Every party's eps is in ``eps_by_party``.
+    run_timeout_s : float or None
+        ``backend="simulation"``: how long the whole ``flwr run`` may take (None: no bound); past it the run is
+        stopped and ``TimeoutError`` raised with its output so far.  Flower's output lines go to stderr as they come.
 
     Returns
     -------
@@ -394,13 +396,14 @@ def run_gau_lrq(method: str, *, num_clients: int = 20, clients_per_round: int = 
             strategy_kw.update({k: None if strategy_kw[k] is None else str(Path(strategy_kw[k]).expanduser().resolve())
                                 for k in ("secret_file", "out_dir")})
             out = _simulate(strategy_kw, inputs, num_rounds=K, secret=secret, client_app=client_app,
-                            num_cpus=num_cpus, round_timeout_s=round_timeout_s)
+                            num_cpus=num_cpus, round_timeout_s=round_timeout_s, run_timeout_s=run_timeout_s)
     out["wall_time_s"] = time.time() - t0
     return out
 
 
 def _simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: bytes | None,
-             client_app: ClientApp | None, num_cpus: int, round_timeout_s: float) -> dict:
+             client_app: ClientApp | None, num_cpus: int, round_timeout_s: float, run_timeout_s: float | None = None,
+             progress: bool = True) -> dict:
     """Run GauLRQ(**strategy_kwargs) for ``num_rounds`` on ``strategy_kwargs["num_clients"]`` simulated SuperNodes
     under ``flwr run``; return ``GauLRQ.results()`` of the run.
 
@@ -409,46 +412,37 @@ def _simulate(strategy_kwargs: dict, inputs: dict, *, num_rounds: int, secret: b
     read.  The ClientApps read only their own key files, from ``key_dir`` (run config ``lrq-key-dir``).
     ``inputs``: the keyword arguments of :func:`~flower_dp.experiments.gau_lrq.run_inputs`.  ``client_app``: a
     ClientApp of the caller's (it must use the Gau-LRQ mod), carried to the SuperNodes as a
-    :mod:`flower_dp.handoff` file; None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises
-    ``RuntimeError`` with the stop reason and the end of Flower's output when the ServerApp did not finish.
+    :mod:`flower_dp.experiments.handoff` file; None runs :func:`~flower_dp.experiments.gau_lrq.make_client_app`.  Raises
+    ``RuntimeError`` with the stop reason and the end of Flower's output when the ServerApp did not finish, and
+    ``TimeoutError`` when ``flwr run`` runs past ``run_timeout_s`` (None: no bound).  ``progress``: Flower's output
+    lines go to stderr as they come.  The private work folder is removed however the run ends.
     """
-    from flower_dp import handoff
-    from flower_dp.flower_run import run_app
+    from flower_dp.experiments import handoff
+    from flower_dp.experiments.flower_run import private_work_dir, run_app
 
-    from .flower_backend import _user_paths
+    from .flower_backend import _user_paths, flower_progress
 
-    work = Path(tempfile.mkdtemp(prefix="flower-dp-lrq-"))  # 0700: the master secret and the ClientApp below
-    private = []
-    try:
+    with private_work_dir("flower-dp-lrq-") as work:  # the master secret and the ClientApp below
         if strategy_kwargs["secret_file"] is not None:
             secret_file = str(strategy_kwargs["secret_file"])
         else:  # the ServerApp reads the secret from a file, never from the run config or a message
             secret_file = handoff.private_file(work / "lrq.secret", secret)
-            private.append(secret_file)
-        pickled = ""
-        if client_app is not None:
-            pickled = handoff.write(client_app, work / "client_app.pkl")
-            private.append(pickled)
+        pickled = handoff.write(client_app, work / "client_app.pkl") if client_app is not None else ""
         spec = {"strategy": strategy_kwargs, "inputs": inputs, "num_rounds": int(num_rounds),
                 "round_timeout_s": float(round_timeout_s)}
         (work / "spec.json").write_text(json.dumps(spec))
         results_file = work / "results.json"
         run = run_app("flower_dp.experiments.gau_lrq_app:server_app", "flower_dp.experiments.gau_lrq_app:client_app",
-                      num_supernodes=int(strategy_kwargs["num_clients"]), work_dir=work, timeout_s=None,
-                      pythonpath=_user_paths(), num_cpus=int(num_cpus),
+                      num_supernodes=int(strategy_kwargs["num_clients"]), work_dir=work, timeout_s=run_timeout_s,
+                      pythonpath=_user_paths(), num_cpus=int(num_cpus), on_line=flower_progress if progress else None,
                       run_config={"spec-file": str(work / "spec.json"), "lrq-secret-file": secret_file,
                                   KEY_DIR_RUN_CONFIG: str(strategy_kwargs["key_dir"]), "client-app-file": pickled,
                                   "results-file": str(results_file)})
-    finally:
-        for path in private:
-            Path(path).unlink(missing_ok=True)
-    doc = json.loads(results_file.read_text()) if results_file.is_file() else None
+        doc = json.loads(results_file.read_text()) if results_file.is_file() else None
     if doc is None or not doc["finished"]:
         reason = "no results written" if doc is None else doc["results"]["stop_reason"]
         raise RuntimeError(f"the Flower simulation ended without finishing the ServerApp (stop reason {reason!r}; "
-                           f"flwr run exited with {run.returncode}; Flower's files in {str(work)!r}); the end of its "
-                           f"output:\n{run.tail()}")
-    shutil.rmtree(work, ignore_errors=True)
+                           f"flwr run exited with {run.returncode}); the end of its output:\n{run.tail()}")
     return doc["results"]
 
 

@@ -1,7 +1,7 @@
 """The Flower app of :func:`flower_dp.experiments.gau_lrq.run_gau_lrq` with ``backend="simulation"``.
 
 ``run_gau_lrq`` runs :data:`server_app` and :data:`client_app` under ``flwr run`` on simulated SuperNodes
-(:func:`flower_dp.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1).  Both apps run in other
+(:func:`flower_dp.experiments.flower_run.run_app`: a SuperLink and a Ray head of its own on 127.0.0.1).  Both apps run in other
 processes and rebuild what they need from the run configuration, which holds plain values and paths only:
 
 - ``spec-file``: a JSON file with GauLRQ's keyword arguments (never the secret), the rounds, the round timeout and
@@ -10,7 +10,7 @@ processes and rebuild what they need from the run configuration, which holds pla
   it, when the strategy names no ``secret_file`` of its own;
 - ``lrq-key-dir``: the folder (mode 0700) of the clients' key files, ``client-<partition id>.key`` (mode 0600); each
   ClientApp's Gau-LRQ mod reads only its own;
-- ``client-app-file``: a caller's own ClientApp as a :mod:`flower_dp.handoff` file, or empty for
+- ``client-app-file``: a caller's own ClientApp as a :mod:`flower_dp.experiments.handoff` file, or empty for
   :func:`~flower_dp.experiments.gau_lrq.make_client_app`;
 - ``results-file``: where the ServerApp writes ``GauLRQ.results()`` and whether ``start`` finished.
 
@@ -28,7 +28,7 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from flower_dp.flower_run import client_app_from_config
+from flower_dp.experiments.flower_run import client_app_from_config
 
 __all__ = ["client_app", "server_app"]
 
@@ -40,7 +40,7 @@ def _inner_app(run_config) -> ClientApp:
     """The ClientApp this run's SuperNodes run: the caller's, or ``make_client_app`` (keys from ``lrq-key-dir``)."""
     pickled = str(run_config.get("client-app-file", ""))
     if pickled:
-        from flower_dp import handoff
+        from flower_dp.experiments import handoff
 
         return handoff.read(pickled)
     from .gau_lrq import make_client_app

@@ -1,6 +1,6 @@
 """Hand the caller's own Python objects to the Flower simulation it starts, through a private file.
 
-``flwr run`` (:mod:`flower_dp.flower_run`) runs the ServerApp and the ClientApps in other processes.  A caller's own
+``flwr run`` (:mod:`flower_dp.experiments.flower_run`) runs the ServerApp and the ClientApps in other processes.  A caller's own
 model factory, data tensors or ClientApp cannot be named in a run configuration, so :func:`write` serialises them
 (Ray's cloudpickle, which carries functions of the caller's script by value, as Ray itself would) into a new file,
 mode 0600, in a folder of mode 0700 that the caller made for this run; its path goes into the run configuration.
