@@ -14,6 +14,9 @@ Contract with the runners (in-process, Ray, relay):
 ``make_node(plan, *, node_id, topology, model, loss_fn, data_x, data_y, device="cpu") -> PushSumNode``
 ``ablate(plan, *, noise=True, clip=True) -> Plan``
     The same plan with the noise and/or the clipping switched off (reductions to SGP, tests).
+``async_problem(algorithm) -> str | None``
+    Why ``algorithm`` cannot run on the asynchronous network (:mod:`flower_dp.gossip.asynchronous`), None if it can
+    (:data:`ASYNC_ALGORITHMS`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from .privsgp_vr import (
 )
 from .sgp import SGPNode, SGPParams, prepare_sgp
 
-__all__ = ["ALGORITHMS", "prepare", "make_node", "ablate", "topology_for", "param_names"]
+__all__ = ["ALGORITHMS", "prepare", "make_node", "ablate", "topology_for", "param_names", "ASYNC_ALGORITHMS",
+           "SYNC_ONLY", "async_problem"]
 
 
 def _family(name: str):
@@ -68,6 +72,37 @@ ALGORITHMS: dict[str, tuple[type, Any, type]] = {
     "sgpdp": (DPPSParams, _dpps("sgpdp"), DPPSNode),
     "pedfl": (PEDFLParams, prepare_pedfl, PEDFLNode),
 }
+
+
+#: The algorithms whose ``mix`` is a linear sum of the incoming ``x`` shares and push-sum weights and that need no
+#: network-wide reduction: they run on the asynchronous network with running sums per edge (PrivSGP-VR's table is
+#: the node's own, refreshed by its own steps; nothing of it is exchanged).
+ASYNC_ALGORITHMS = ("sgp", "dyn_d2p", "privsgp_vr", "privsgp")
+
+#: Why every other algorithm runs synchronously only.
+SYNC_ONLY = {
+    "dp2_sgd": "a D-PSGD node carries no push-sum weight (x is never de-biased by w) and applies its gradient after a "
+               "doubly stochastic mix; with nodes at different rates the sum of what arrives is not an average "
+               "(AD-PSGD's atomic pairwise averaging would be needed, not running sums)",
+    "adp2_sgd": "its synchronous simulation is D-PSGD on matchings: no push-sum weight to de-bias x, a gradient applied "
+                "after a doubly stochastic mix (AD-PSGD's atomic pairwise averaging would be needed, not running sums)",
+    "dp_csgp": "its mix is not a sum of incoming x shares: receivers keep error-feedback replicas (x_hat, s) of "
+               "every sender's compressed differences, which need every difference once and in order",
+    "partpsp": "every step needs a network-wide reduction first (the sensitivity estimate): a barrier",
+    "sgpdp": "every step needs a network-wide reduction first (the sensitivity estimate): a barrier",
+    "pedfl": "every step needs a network-wide reduction first (the sensitivity estimate), and a D-PSGD mix without "
+             "push-sum weights",
+}
+
+
+def async_problem(algorithm: str) -> str | None:
+    """Why ``algorithm`` cannot run with ``network.mode = "async"`` (naming it, the valid ones and the fix), None if
+    it can."""
+    if algorithm in ASYNC_ALGORITHMS:
+        return None
+    why = SYNC_ONLY.get(algorithm, "it is not a registered algorithm")
+    return (f"network.mode = 'async' cannot run algorithm {algorithm!r}: {why}; asynchronous algorithms are "
+            f"{list(ASYNC_ALGORITHMS)}, run {algorithm!r} with network.mode = 'sync'")
 
 
 def param_names(algorithm: str) -> list[str]:
