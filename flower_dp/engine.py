@@ -130,6 +130,11 @@ class SegmentPlan:
     flower_rows : bool
         The history rows of the Flower strategy (``round``, ``k``, ``bits_total``, metrics, evaluation under
         ``"eval"``) instead of the in-process runner's (``k``, evaluation, ``bits_total``, metrics).
+    budget_cut : bool, optional
+        An asynchronous run (:class:`flower_dp.gossip.asynchronous.AsyncSegments`), whose segments are virtual-time
+        windows, not iterations: whether the budget's pre-flight truncation cut the nodes' K (a completed run is then
+        ``stopped_by_budget``, else ``finished``).  None: :func:`completed_status` of ``num_iters`` and
+        ``num_iters_requested``.
     """
 
     n_nodes: int
@@ -139,6 +144,7 @@ class SegmentPlan:
     num_segments: int | None = None
     replay_plan: Any = None
     flower_rows: bool = False
+    budget_cut: bool | None = None
 
     def segments(self) -> Iterator[tuple[int, int, int]]:
         """``(round, k0, k1)`` of every segment, round counted from 1."""
@@ -379,7 +385,8 @@ def run_segments(backend: SegmentBackend, plan: SegmentPlan, *, recorder: RunRec
                 break
             write()
         else:
-            prog.status = completed_status(plan.num_iters, plan.num_iters_requested)
+            prog.status = (completed_status(plan.num_iters, plan.num_iters_requested) if plan.budget_cut is None
+                           else STOPPED_BY_BUDGET if plan.budget_cut else FINISHED)
     except Exception as exc:
         prog.status, prog.error = FAILED, f"{type(exc).__name__}: {exc}"
         if started or prog.history:  # a run refused before its start leaves no document

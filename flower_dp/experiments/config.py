@@ -1,6 +1,6 @@
 """Experiment configs: plain TOML files with defaults, validated all at once.
 
-A config has six tables::
+A config has seven tables::
 
     [run]        name, seed, num_iters (K), eval_every, out_dir, checkpoint, eval_nodes, progress,
                  device ("cpu", "cuda", "cuda:1" or "auto"), debug_metrics (default false: per-node
@@ -21,6 +21,12 @@ A config has six tables::
     [algorithm]  name, and [algorithm.params] checked by the algorithm's own parameter class
     [privacy]    party: whom the eps is stated for and the noise calibrated to (flower_dp.privacy.parties):
                  "out_neighbour" (default), "relay" (needs run.checkpoint = false) or "model_observer"
+    [network]    mode ("sync" default: every node at iteration k together | "async": the emulated asynchronous
+                 network of flower_dp.gossip.asynchronous, in virtual time, in process), delay ("exponential" |
+                 "uniform" | "constant"), delay_mean (virtual seconds), loss, duplicate (probabilities in [0, 1)),
+                 step_time (virtual seconds of a speed-1 step; run.eval_every counts such steps), speeds (one per
+                 node), stragglers (table node = times slower), jitter, horizon (virtual seconds; default: until
+                 every node has taken run.num_iters steps, its plan's K); an async run keeps no checkpoint
 
 Every unknown key or bad value is collected and reported together in one
 :class:`flower_dp.errors.ConfigError`, naming the key, the value and what is valid.
@@ -82,6 +88,18 @@ SECTIONS: dict[str, dict[str, Any]] = {
     "topology": {"name": "exp_one_peer", "n_nodes": 8},
     "algorithm": {"name": "dyn_d2p", "params": {}},
     "privacy": {"party": "out_neighbour"},
+    "network": {
+        "mode": "sync",
+        "delay": "exponential",
+        "delay_mean": 0.0,
+        "loss": 0.0,
+        "duplicate": 0.0,
+        "step_time": 1.0,
+        "speeds": [],
+        "stragglers": {},
+        "jitter": 0.0,
+        "horizon": None,
+    },
 }
 #: Sections whose extra keys are passed through as keyword arguments.
 _PASSTHROUGH = {"model", "topology"}
@@ -97,6 +115,7 @@ class ExperimentConfig:
     topology: dict[str, Any] = field(default_factory=dict)
     algorithm: dict[str, Any] = field(default_factory=dict)
     privacy: dict[str, Any] = field(default_factory=lambda: {"party": "out_neighbour"})
+    network: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(SECTIONS["network"]))
 
     @property
     def n_nodes(self) -> int:
@@ -191,12 +210,43 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
                         "to the server, so no eps holds against the relaying orchestrator")
     if not isinstance(alg.get("params"), dict):
         problems.append(f"algorithm.params must be a table, got {alg.get('params')!r}")
+    problems.extend(_network_problems(out["network"], run, topo, alg))
     if problems:
         raise ConfigError(
             "invalid experiment config:\n  - " + "\n  - ".join(problems) + "\nfix these keys and run again",
             problems,
         )
     return ExperimentConfig(**out)
+
+
+def _network_problems(net: dict[str, Any], run: dict[str, Any], topo: dict[str, Any],
+                      alg: dict[str, Any]) -> list[str]:
+    """The problems of a ``[network]`` table: its mode, a network key set without ``mode = "async"``, the network
+    model's values (:meth:`flower_dp.gossip.asynchronous.NetworkModel.problems`) and what an asynchronous run needs
+    (an algorithm whose mix is a linear sum, :func:`flower_dp.clients.registry.async_problem`; the nodes in process)."""
+    mode = net["mode"]
+    if mode not in ("sync", "async"):
+        return [f"network.mode must be 'sync' or 'async', got {mode!r}"]
+    if mode == "sync":
+        set_keys = sorted(k for k, v in net.items() if k != "mode" and v != SECTIONS["network"][k])
+        return [f"network.{k} = {net[k]!r} describes the asynchronous network, got network.mode = 'sync' (every "
+                "message arrives); set network.mode = 'async' or drop the key" for k in set_keys]
+    from ..clients.registry import async_problem
+    from ..gossip.asynchronous import NetworkModel
+
+    n = topo["n_nodes"] if isinstance(topo["n_nodes"], int) and topo["n_nodes"] >= 1 else 1
+    try:
+        out = NetworkModel.from_config(net).problems(n)
+    except TypeError as exc:  # pragma: no cover - the keys are checked above
+        return [f"[network] cannot be read: {exc}"]
+    if isinstance(alg.get("name"), str):
+        why = async_problem(alg["name"])
+        if why is not None:
+            out.append(why)
+    if run["backend"] != "inprocess":
+        out.append(f"network.mode = 'async' runs the nodes in this process, got run.backend = {run['backend']!r}; "
+                   "set run.backend = 'inprocess' (the asynchronous network on Ray actors is not built yet)")
+    return out
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:

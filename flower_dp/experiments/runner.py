@@ -7,10 +7,17 @@ the test set and the engine records the segment (history row, ``results.json``, 
 crash loses at most one segment and ``resume=True`` continues the run.  With ``[run] reproducible = true`` a resumed
 run ends with exactly the numbers of an uninterrupted one; by default (secret mode) the restored nodes draw fresh
 secrets (valid, not the same numbers; ``results.json`` says which in ``"noise"``).
+
+With ``[network] mode = "async"`` the nodes run on the emulated asynchronous network instead
+(:class:`flower_dp.gossip.asynchronous.AsyncSegments`: virtual time, each node at its own pace, delays and losses):
+a segment is ``eval_every`` nominal steps of virtual time, ``results.json`` gets a ``"network"`` entry (per node its
+steps and why it stopped; each node's eps is in ``privacy.per_node``, from its own ledger), and the run keeps no
+checkpoint, so it cannot be resumed.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import time
@@ -29,7 +36,7 @@ from ..privacy.parties import push_sum_eps_by_party_from_reports
 from ..recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
 from ..releases import node_is_private, node_metrics, release_fields
 from ..rng import noise_record
-from .config import ExperimentConfig
+from .config import SECTIONS, ExperimentConfig
 
 __all__ = ["RunResult", "run_experiment", "build_experiment", "evaluate_params", "InProcessBackend", "STOP_FILE_ENV",
            "CLEAN_STOP_NAME", "stop_requested"]
@@ -57,6 +64,8 @@ class RunResult:
     eps_by_party: dict[str, Any] = field(default_factory=dict)
     #: the plan every node was built from (:class:`flower_dp.clients.base.Plan`; None for a plan-less algorithm)
     plan: Any = field(default=None, repr=False)
+    #: an asynchronous run's network entry (:meth:`flower_dp.gossip.asynchronous.AsyncSegments.record`); {} for sync
+    network: dict[str, Any] = field(default_factory=dict)
 
     @property
     def eps_rigorous_max(self) -> float | None:
@@ -138,6 +147,7 @@ def _upgrade_checkpoint(ckpt: dict[str, Any]) -> None:
         ckpt["config"]["run"].setdefault("reproducible", True)
     if isinstance(ckpt.get("config"), dict) and isinstance(ckpt["config"].get("run"), dict):  # before [privacy]
         ckpt["config"].setdefault("privacy", {"party": "out_neighbour"})
+        ckpt["config"].setdefault("network", copy.deepcopy(SECTIONS["network"]))  # before [network]
 
 
 def _progress(total: int, enabled: bool, desc: str):
@@ -237,6 +247,13 @@ def run_experiment(
     where = str(backend if backend is not None else cfg.run.get("backend", "inprocess"))
     if where not in ("inprocess", "ray"):
         raise ValueError(f"backend must be 'inprocess' or 'ray', got {where!r}")
+    if cfg.network["mode"] == "async" and where != "inprocess":
+        raise ValueError(f"network.mode = 'async' runs the nodes in this process, got backend={where!r}; pass "
+                         "backend='inprocess' (the asynchronous network on Ray actors is not built yet)")
+    if cfg.network["mode"] == "async" and resume:
+        raise ValueError("resume=True cannot continue an asynchronous run (network.mode = 'async'): it keeps no "
+                         "checkpoint (its in-flight messages and per-edge running sums are not saved); start it again "
+                         "in a new out_dir")
     if where == "inprocess" and ray_address is not None:
         raise ValueError(f"ray_address={ray_address!r} is for backend='ray', got backend='inprocess'; pass "
                          "backend='ray' (--backend ray) or drop the address")
@@ -258,11 +275,12 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
     out = out_dir if out_dir is not None else cfg.run.get("out_dir")
     if resume and out is None:
         raise ValueError("resume=True needs an out_dir holding a checkpoint; got out_dir=None")
+    asynchronous = cfg.network["mode"] == "async"
     # the identity names the sampler of the nodes' device (numpy on the CPU, torch's float64 normal on CUDA), known
     # once build_experiment resolved it (checkpoints are loaded and saved after that)
     recorder = RunRecorder(out, identity=lambda: {"config": placeless(cfg.to_dict()),
                                                   **sampler_identity(info["device"])},
-                           checkpoint=cfg.run.get("checkpoint", True),
+                           checkpoint=cfg.run.get("checkpoint", True) and not asynchronous,
                            refusals={"config": _different_config, **SAMPLER_REFUSAL})
     if ray is None:
         nodes, plan, topology, (x_test, y_test), eval_model, info = build_experiment(cfg)
@@ -298,10 +316,18 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
         return row
 
     show = cfg.run.get("progress", True) if progress is None else progress
-    bar = _progress(K, show, cfg.run["name"]) if ray is None else None
+    bar = _progress(K, show, cfg.run["name"]) if ray is None and not asynchronous else None
     tick = None if bar is None else (lambda: bar.update(1))
-    if ray is None:
-        backend: Any = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
+    if asynchronous:  # every node at most K steps (its plan's num_iters); segments of eval_every nominal steps
+        from ..gossip.asynchronous import AsyncSegments, NetworkModel
+
+        backend: Any = AsyncSegments(nodes, NetworkModel.from_config(cfg.network), seed=int(cfg.run["seed"]),
+                                     max_steps=K, receivers=topology.out_neighbors, debug_metrics=debug)
+        segments = SegmentPlan(n_nodes=n_nodes, num_iters=backend.num_ticks,
+                               iters_per_segment=int(cfg.run["eval_every"]), num_iters_requested=backend.num_ticks,
+                               budget_cut=K < int(cfg.run["num_iters"]))
+    elif ray is None:
+        backend = InProcessBackend(nodes, topology.out_neighbors, on_iteration=tick)
     else:
         from .ray_cluster import ConfigNodeFactory, RaySegments, ray_settings
 
@@ -314,6 +340,8 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
         extras: dict[str, Any] = {"train_cpu_s": prog.train_cpu_s}
         if ray is not None:
             extras["ray"] = {"address": ray["address"], "own_instance": ray["own"], **backend.record()}
+        if asynchronous:
+            extras["network"] = backend.record()
         return RunHeader(name=cfg.run["name"], backend="inprocess" if ray is None else "ray",
                          algorithm=cfg.algorithm["name"], config=cfg.to_dict(), seed=cfg.run["seed"],
                          noise=noise_record(plan.reproducible, device=info["device"], sampler=plan.noise_sampler),
@@ -344,4 +372,5 @@ def _run(cfg: ExperimentConfig, out_dir, resume: bool, progress: bool | None, ra
         eps_by_party=push_sum_eps_by_party_from_reports(per_node, transport="inprocess" if ray is None else "ray",
                                                         states_to_server=bool(recorder.checkpoint)),
         plan=plan if replay_plan_ok else None,
+        network=backend.record() if asynchronous else {},
     )
