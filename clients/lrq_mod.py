@@ -11,8 +11,11 @@ What leaves the client (docs/privacy.md)
 -----------------------------------------------------------
 The encoded update, its public metadata (in ``META_KEY``: the decoding parameters, the partition id
 that selects the key (fixed width), and the message's bit count, :data:`RELEASED_STATS`, fixed by the public round spec
-and d: every message of a round has the same size), and the user's own reply metrics, untouched.  The mod
-adds nothing to the user's MetricRecord: the clean update's norm, max-abs value, clipped flag, the entropy
+and d: every message of a round has the same size), and the user's own reply metrics, untouched, only when the
+server publishes them (a ``train_metrics_aggr_fn``, or ``debug_metrics``: the round config's
+``KEYS["forward_metrics"]``); otherwise they stay on the client, so that a reply's size depends on nothing of the
+client's data (integers travel as varints: ``num-examples`` would show in it).  The mod adds nothing to the
+user's MetricRecord: the clean update's norm, max-abs value, clipped flag, the entropy
 of the sent integers and the bit counts derived from the clean A (``bits_paper``, ``bits_fixed``) stay on
 the client unless the mod is built with
 ``debug_metrics=True`` (then they go into the MetricRecord as ``gau-lrq.*``, uncharged).  For
@@ -208,6 +211,9 @@ def make_gau_lrq_mod(key_file: str | os.PathLike | None = None, *, key: ClientKe
             if k in RELEASED_STATS or spec.method == "none":
                 meta[f"gau-lrq.{k}"] = float(v)
         out.content[META_KEY] = ConfigRecord(meta)
+        if spec.method != "none" and not bool(cfg.get(KEYS["forward_metrics"], False)):
+            for name in list(out.content.metric_records):  # the server does not publish them: they stay here
+                del out.content[name]
         if debug_metrics and spec.method != "none":  # explicit opt-in: statistics of the clean update, uncharged
             if len(out.content.metric_records) == 0:
                 out.content["metrics"] = MetricRecord({})

@@ -72,7 +72,8 @@ class RoundAdmission:
         cfg = ConfigRecord(dict(config))
         cfg.update({"server-round": server_round, KEYS["method"]: spec.method, KEYS["round"]: k,
                     KEYS["sigma"]: spec.sigma, KEYS["clip"]: spec.clip, KEYS["bq_bits"]: spec.bq_bits,
-                    KEYS["layer_dtype"]: spec.layer_dtype, KEYS["nonce"]: self.stream_nonce})
+                    KEYS["layer_dtype"]: spec.layer_dtype, KEYS["nonce"]: self.stream_nonce,
+                    KEYS["forward_metrics"]: bool(self.publish_train_metrics)})
         self._pending = {"k": k, "spec": spec, "sampled": sampled, "theta": [a.numpy() for a in arrays.values()],
                          "names": list(arrays.keys()), "eps": eps_after, "event": event}
         record = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: cfg})

@@ -91,7 +91,9 @@ class GauLRQ(RoundLoop, RoundAdmission, RoundAggregation, RunRecord, FedAvg):
       (Alg. 1 line 15: the accountant's sensitivity needs equal weights, as Flower's own accounted DP wrappers
       require).
     - ``train_metrics_aggr_fn`` / ``evaluate_metrics_aggr_fn``: passing one publishes the clients' metrics
-      (see ``debug_metrics``), aggregated by your function over the user's MetricRecords, unaltered.
+      (see ``debug_metrics``), aggregated by your function over the user's MetricRecords, unaltered.  Without a
+      ``train_metrics_aggr_fn`` (and ``debug_metrics``) the mod keeps the user's train metrics on the client: a
+      reply is then the encoded update and its public metadata only, of a size that depends on nothing private.
 
     Parameters
     ----------

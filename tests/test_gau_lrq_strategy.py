@@ -113,9 +113,15 @@ def test_weights_are_one_over_B_and_server_step_is_applied():
     assert len(msgs) == B and len({m.metadata.dst_node_id for m in msgs}) == B
     want = (theta.astype(np.float64) + sum(s.decoded[0].values()) / B).astype(np.float32)
     np.testing.assert_array_equal(new, want)
-    assert all(set(r.content.keys()) == {"metrics", PAYLOAD_KEY, META_KEY} for r in replies)
+    # the user's train metrics stay on the client unless the server publishes them (a train_metrics_aggr_fn)
+    assert all(set(r.content.keys()) == {PAYLOAD_KEY, META_KEY} for r in replies)
     rec = s.rounds[0]
     assert rec["received"] == B and rec["bytes_carried"] > 0 and rec["bits_algorithmic"] > 0
+    from flwr.app import MetricRecord
+
+    publishing = _strategy(train_metrics_aggr_fn=lambda contents, key: MetricRecord({"n": float(len(contents))}))
+    _, replies, _ = _round(publishing, theta, 1)
+    assert all(set(r.content.keys()) == {"metrics", PAYLOAD_KEY, META_KEY} for r in replies)
 
 
 def test_sigma_to_zero_reproduces_clipped_fedavg():

@@ -63,7 +63,10 @@ __all__ = ["METHODS", "PAPER_NAMES", "RoundSpec", "clip_update", "encode_update"
 #: ConfigRecord keys the server sends (public values only).
 KEYS = {"method": "gau-lrq.method", "round": "gau-lrq.round", "sigma": "gau-lrq.sigma",
         "clip": "gau-lrq.clip", "bq_bits": "gau-lrq.bq-bits", "layer_dtype": "gau-lrq.layer-dtype",
-        "nonce": "gau-lrq.stream-nonce"}
+        "nonce": "gau-lrq.stream-nonce",
+        # whether the server publishes the clients' own train metrics (a train_metrics_aggr_fn): only then does
+        # the mod forward them, so a reply's size depends on nothing of the client's otherwise
+        "forward_metrics": "gau-lrq.forward-metrics"}
 PAYLOAD_KEY = "gau-lrq.payload"  # ArrayRecord in the reply
 META_KEY = "gau-lrq.meta"  # ConfigRecord in the reply
 #: run config key naming the server's master secret file (read by the ServerApp only, never by a client)
