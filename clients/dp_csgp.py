@@ -162,9 +162,8 @@ class DPCSGPNode(PushSumNode):
         i, B = self.node_id, self.params.batch_size
         clip = float(self.plan.clip[i][k])
         idx = self.sample_poisson(k, B)                                           # line 9
-        g, stats = self.grad_mean(self.z(), idx, B, clip, k)                      # line 10 (at z = w / y)
-        noise, std = self.release_gaussian(k, g.numel())                          # line 11 (drawn and charged)
-        self.x_half = self.x - self.params.lr * (g + noise)                       # line 12
+        g_noisy, stats, std = self.private_gradient(k, self.z(), idx, B, clip)    # lines 10-11 (at z = w / y)
+        self.x_half = self.x - self.params.lr * g_noisy                           # line 12
         self.check_finite_(self.x_half, "x_half", k)
         gen = torch_generator(self.plan.seed, i, "compress", k, device=self.device)
         q = self.compressor.compress(self.x_half - self.x_hat, gen)               # lines 1-2 (next t)

@@ -292,7 +292,7 @@ def ablate(plan: Plan, *, noise: bool = True, clip: bool = True) -> Plan:
 
 
 #: the algorithms whose nodes release through PushSumNode.private_gradient (the exact mode's release)
-EXACT_ALGORITHMS = ("sgp", "dyn_d2p", "dp2_sgd", "adp2_sgd")
+EXACT_ALGORITHMS = ("sgp", "dyn_d2p", "dp2_sgd", "adp2_sgd", "dp_csgp")
 
 
 def exact_plan(plan: Plan) -> Plan:

@@ -164,3 +164,56 @@ def test_exact_mode_samples_and_rounds_on_the_nodes_chacha20_keystream():
     assert idx.tolist() == np.flatnonzero(keep).tolist()
     other = exact_stream(node._private_key, 1, "data", 2).below(64, 8, 64)
     assert not np.array_equal(keep, other)
+
+
+def test_dp_csgp_compresses_a_function_of_the_integer_release_in_exact_mode():
+    """DP-CSGP releases through the same exact release: its half step, which the compressor sends differences of,
+    is x - lr (gamma / B) m, a function of the int64 release m and the node's public past."""
+    from flower_dp.clients.registry import ALGORITHMS
+    from flower_dp.topology import make_topology
+
+    plan = prepare("dp_csgp", {"lr": 0.1, "batch_size": 8, "G": 1.0, "epsilon": 4.0, "delta": 1e-5,
+                               "compressor": "rand_0.5", "gamma_c": 0.5},
+                   n_nodes=2, samples_per_node=[64, 64], num_iters=6, dim=58, seed=3, reproducible=True,
+                   noise_sampler="exact")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4))
+    node = ALGORITHMS["dp_csgp"][2](plan, node_id=0, topology=make_topology("exp_one_peer", 2), model=model,
+                                    loss_fn=torch.nn.functional.cross_entropy, data_x=torch.randn(64, 4),
+                                    data_y=torch.randint(0, 4, (64,)))
+    node.setup()
+    x0 = node.x.clone()
+    node.local_step(0)
+    m = node.last_release
+    assert m is not None and m.dtype == np.int64
+    gamma = float(plan.clip[0][0]) / (16 * math.sqrt(x0.numel()))
+    assert torch.equal(node.x_half, x0 - 0.1 * torch.from_numpy(m.astype(np.float64) * (gamma / 8)).float())
+    assert node.privacy_report()["noise_sampler"] == "exact" and node.accountant.steps_charged == 0
+
+
+def test_an_exact_run_says_so_in_results_json_and_reports_the_discrete_gaussian_eps(tmp_path):
+    """run_experiment with [run] noise_sampler = "exact": results.json names the sampler and each node's eps is the
+    discrete Gaussian bound of its own releases (rounding inflation included), at most the target."""
+    import json
+
+    from flower_dp.experiments import config_from_dict, run_experiment
+
+    cfg = config_from_dict({
+        "run": {"name": "exact", "seed": 1, "num_iters": 6, "eval_every": 3, "progress": False, "reproducible": True,
+                "noise_sampler": "exact"},
+        "data": {"dataset": "synthetic_fashion_mnist", "samples_per_node": 64, "test_samples": 200},
+        "model": {"name": "logreg"},
+        "topology": {"name": "exp_one_peer", "n_nodes": 4},
+        "algorithm": {"name": "dyn_d2p", "params": {"variant": "const", "epsilon": 4.0, "delta": 1e-4,
+                                                    "batch_size": 8, "lr": 0.1, "accountant": "rdp"}},
+    })
+    res = run_experiment(cfg, out_dir=tmp_path)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert res.status == "finished" and doc["noise"]["sampler"] == "exact"
+    assert doc["noise"]["gaussian_sampler"] == "cks-discrete-chacha20"
+    plan = res.plan
+    for rep in doc["privacy"]["per_node"]:
+        i = rep["node"]
+        assert rep["noise_sampler"] == "exact" and rep["steps_charged"] == 6
+        assert rep["eps_rigorous"] == pytest.approx(exact_epsilon(plan.exact_steps(i), plan.delta_of(i)), rel=1e-6)
+        assert rep["eps_rigorous"] <= 4.0 * (1 + 1e-9)
