@@ -204,7 +204,8 @@ def test_network_keys_need_mode_async_and_the_mode_is_checked():
     assert config_from_dict(BASE).network["mode"] == "sync"
 
 
-def test_run_experiment_async_writes_per_node_steps_and_eps(tmp_path):
+def test_run_experiment_async_writes_per_node_steps_and_eps(tmp_path, capsys):
+    from flower_dp.experiments.cli_run import _report
     from flower_dp.experiments.runner import run_experiment
 
     raw = {**BASE, "run": {"progress": False, "num_iters": 10, "eval_every": 10, "reproducible": True},
@@ -225,6 +226,10 @@ def test_run_experiment_async_writes_per_node_steps_and_eps(tmp_path):
     assert [row["k"] for row in doc["history"]] == [10] and doc["history"][-1]["steps_min"] == 2
     assert not (tmp_path / "a" / "checkpoint.pt").exists()
     assert res.network["per_node"][3]["steps"] == 2
+    _report(res)  # what flower-dp run prints: per node its steps and its own eps
+    out = capsys.readouterr().out
+    assert "after virtual time t=10" in out and "network: async (virtual time)" in out
+    assert f"     3   0.20      2  {per_node[3]['eps_rigorous']:.4f}" in out and "2 of its 10 steps" in out
     again = run_experiment(cfg, out_dir=tmp_path / "b")  # --reproducible: the same numbers
     doc_b = json.loads((tmp_path / "b" / "results.json").read_text())
     assert doc_b["history"] == doc["history"] and doc_b["network"] == net

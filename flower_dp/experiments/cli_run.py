@@ -34,11 +34,27 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def _report_network(res) -> None:
+    """An asynchronous run's nodes: speed, steps, eps from the node's own ledger, and why each stopped."""
+    net = res.network
+    print(f"network: async (virtual time), delay {net['delay']} mean {net['delay_mean']:g}, loss {net['loss']:g}; "
+          f"ended at t = {net['time']:g}; messages sent {net['messages']['sent']}, lost {net['messages']['lost']}")
+    eps = {int(p["node"]): p.get("eps_rigorous", p.get("eps_heuristic")) for p in res.privacy.get("per_node", [])}
+    print("  node  speed  steps  eps      stopped")
+    for r in net["per_node"]:
+        e = eps.get(r["node"])
+        print(f"  {r['node']:>4}  {r['speed']:>5.2f}  {r['steps']:>5}  {'-' if e is None else f'{e:.4f}':<7}  "
+              f"{r['reason'] or 'running'}")
+
+
 def _report(res) -> None:
     print(f"status: {res.status}   wall time: {res.wall_time_s:.1f} s")
     if res.history:
         last = res.history[-1]
-        print(f"test accuracy (network-average model) after k={last['k']}: {last['acc_avg']:.4f}")
+        when = (f"virtual time t={last['t_virtual']:g}" if getattr(res, "network", None) else f"k={last['k']}")
+        print(f"test accuracy (network-average model) after {when}: {last['acc_avg']:.4f}")
+    if getattr(res, "network", None):
+        _report_network(res)
     per_node = res.privacy.get("per_node", [])
     if per_node:
         eps_p = max(float(p.get("eps_paper", float("nan"))) for p in per_node)

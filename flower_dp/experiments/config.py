@@ -210,7 +210,7 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
                         "to the server, so no eps holds against the relaying orchestrator")
     if not isinstance(alg.get("params"), dict):
         problems.append(f"algorithm.params must be a table, got {alg.get('params')!r}")
-    problems.extend(_network_problems(out["network"], run, topo, alg))
+    problems.extend(_network_problems(out["network"], run["backend"], topo["n_nodes"], alg.get("name")))
     if problems:
         raise ConfigError(
             "invalid experiment config:\n  - " + "\n  - ".join(problems) + "\nfix these keys and run again",
@@ -219,8 +219,7 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     return ExperimentConfig(**out)
 
 
-def _network_problems(net: dict[str, Any], run: dict[str, Any], topo: dict[str, Any],
-                      alg: dict[str, Any]) -> list[str]:
+def _network_problems(net: dict[str, Any], backend: Any, n_nodes: Any, algorithm: Any) -> list[str]:
     """The problems of a ``[network]`` table: its mode, a network key set without ``mode = "async"``, the network
     model's values (:meth:`flower_dp.gossip.asynchronous.NetworkModel.problems`) and what an asynchronous run needs
     (an algorithm whose mix is a linear sum, :func:`flower_dp.clients.registry.async_problem`; the nodes in process)."""
@@ -234,17 +233,17 @@ def _network_problems(net: dict[str, Any], run: dict[str, Any], topo: dict[str, 
     from ..clients.registry import async_problem
     from ..gossip.asynchronous import NetworkModel
 
-    n = topo["n_nodes"] if isinstance(topo["n_nodes"], int) and topo["n_nodes"] >= 1 else 1
+    n = n_nodes if isinstance(n_nodes, int) and n_nodes >= 1 else 1
     try:
         out = NetworkModel.from_config(net).problems(n)
     except TypeError as exc:  # pragma: no cover - the keys are checked above
         return [f"[network] cannot be read: {exc}"]
-    if isinstance(alg.get("name"), str):
-        why = async_problem(alg["name"])
+    if isinstance(algorithm, str):
+        why = async_problem(algorithm)
         if why is not None:
             out.append(why)
-    if run["backend"] != "inprocess":
-        out.append(f"network.mode = 'async' runs the nodes in this process, got run.backend = {run['backend']!r}; "
+    if backend != "inprocess":
+        out.append(f"network.mode = 'async' runs the nodes in this process, got run.backend = {backend!r}; "
                    "set run.backend = 'inprocess' (the asynchronous network on Ray actors is not built yet)")
     return out
 

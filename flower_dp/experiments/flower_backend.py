@@ -110,6 +110,10 @@ def run_flower_experiment(cfg: ExperimentConfig, *, out_dir: str | Path, num_hos
     work folder (the config, the own models and data, Flower's home) is removed on every way out: success, failure,
     timeout, KeyboardInterrupt.
     """
+    if cfg.network["mode"] == "async":
+        raise ValueError("network.mode = 'async' runs the nodes in this process, got the Flower backend (synchronous "
+                         "rounds between SuperNodes); run it with flower-dp run / run_experiment (in process) or set "
+                         "network.mode = 'sync'")
     out = rio.ensure_writable_dir(out_dir).resolve()
     prev = rio.read_json(out / "results.json")
     if resume is None:
