@@ -239,3 +239,13 @@ def test_run_experiment_async_writes_per_node_steps_and_eps(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"network.mode = 'async' runs the nodes in this process, got "
                                          r"backend='ray'"):
         run_experiment(cfg, backend="ray")
+
+
+def test_the_shipped_async_stragglers_config_loads():
+    from flower_dp.experiments.cli_run import builtin_config_path
+    from flower_dp.experiments.config import load_config
+
+    cfg = load_config(builtin_config_path("async_stragglers"))
+    net = NetworkModel.from_config(cfg.network).check(cfg.n_nodes)
+    assert cfg.network["mode"] == "async" and cfg.n_nodes == 8 and cfg.data["dataset"] == "fashion_mnist"
+    assert net.speed(7) == pytest.approx(0.2) and net.loss == 0.1 and net.horizon > cfg.run["num_iters"]
