@@ -84,8 +84,8 @@ SYNC_ONLY = {
     "dp2_sgd": "a D-PSGD node carries no push-sum weight (x is never de-biased by w) and applies its gradient after a "
                "doubly stochastic mix; with nodes at different rates the sum of what arrives is not an average "
                "(AD-PSGD's atomic pairwise averaging would be needed, not running sums)",
-    "adp2_sgd": "its synchronous simulation is D-PSGD on matchings: no push-sum weight to de-bias x, a gradient applied "
-                "after a doubly stochastic mix (AD-PSGD's atomic pairwise averaging would be needed, not running sums)",
+    "adp2_sgd": "its synchronous simulation is D-PSGD on matchings: no push-sum weight to de-bias x, a gradient "
+                "applied after a doubly stochastic mix (AD-PSGD's atomic pairwise averaging would be needed, not running sums)",
     "dp_csgp": "its mix is not a sum of incoming x shares: receivers keep error-feedback replicas (x_hat, s) of "
                "every sender's compressed differences, which need every difference once and in order",
     "partpsp": "every step needs a network-wide reduction first (the sensitivity estimate): a barrier",
