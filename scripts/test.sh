@@ -36,7 +36,7 @@ check() {  # check RC WHAT: remember the first failure, say what it was
 set +e
 WORKERS="${FLOWER_DP_TEST_WORKERS:-2}"
 PARALLEL=()
-if [ "$WORKERS" != 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadgroup --no-loadscope-reorder); fi
+if [ "$WORKERS" != 0 ]; then PARALLEL=(-n "$WORKERS" --dist loadscope --no-loadscope-reorder); fi
 timeout -k 60 "$MAIN_LIMIT_S" .venv/bin/python -m pytest "${PARALLEL[@]}" "${ISOLATED[@]/#/--ignore=}" "$@"
 check $? "the main test suite"
 for file in "${ISOLATED[@]}"; do
