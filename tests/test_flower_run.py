@@ -65,25 +65,32 @@ def test_a_server_error_comes_back_in_the_output(tmp_path):
     print(f"flwr run of a failing ServerApp: {run.wall_s:.1f} s")
 
 
-@pytest.mark.parametrize("way_out", [None, RuntimeError("flwr run failed"), TimeoutError("ran past timeout_s"),
-                                     KeyboardInterrupt()])
-def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out):
-    """run_flower_experiment writes the caller's own tensors (sources.pkl) into a private folder: gone afterwards,
-    whether flwr run finished, failed, timed out or was interrupted."""
+@pytest.fixture
+def made(monkeypatch) -> list[Path]:
+    """The folders ``tempfile.mkdtemp`` makes during the test, in order."""
     import tempfile
 
+    folders: list[Path] = []
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp(*a, **kw):
+        folders.append(Path(real_mkdtemp(*a, **kw)))
+        return str(folders[-1])
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    return folders
+
+
+@pytest.mark.parametrize("way_out", [None, RuntimeError("flwr run failed"), TimeoutError("ran past timeout_s"),
+                                     KeyboardInterrupt()])
+def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out, made):
+    """run_flower_experiment writes the caller's own tensors (sources.pkl) into a private folder: gone afterwards,
+    whether flwr run finished, failed, timed out or was interrupted."""
     import torch
 
     import flower_dp.experiments.flower_backend as fb
     from flower_dp import sources
     from flower_dp.experiments import config_from_dict
-
-    made = []
-    real_mkdtemp = tempfile.mkdtemp
-
-    def mkdtemp(*a, **kw):
-        made.append(Path(real_mkdtemp(*a, **kw)))
-        return str(made[-1])
 
     def fake_run_app(*a, work_dir, run_config, **kw):
         assert (Path(work_dir) / "sources.pkl").is_file() and oct(Path(work_dir).stat().st_mode)[-3:] == "700"
@@ -95,7 +102,6 @@ def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(t
     key = sources.register(sources.PREFIX + "workdir-test", sources.OwnSource(
         lambda: torch.nn.Linear(2, 2), (torch.zeros(8, 2), torch.zeros(8, dtype=torch.long)),
         (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)), 2))
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.setattr(fb, "run_app", fake_run_app)
     cfg = config_from_dict({"run": {"name": "w"}, "data": {"dataset": key}, "model": {"name": key},
                             "topology": {"n_nodes": 2}})
@@ -109,20 +115,11 @@ def test_the_private_work_folder_with_the_own_data_is_removed_on_every_way_out(t
 
 @pytest.mark.parametrize("way_out", [None, RuntimeError("flwr run failed"), TimeoutError("ran past timeout_s"),
                                      KeyboardInterrupt()])
-def test_the_gau_lrq_work_folder_with_the_secret_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out):
+def test_the_gau_lrq_work_folder_with_the_secret_is_removed_on_every_way_out(tmp_path, monkeypatch, way_out, made):
     """Gau-LRQ's simulation writes the master secret and the caller's ClientApp into the same kind of private
     folder (flower_run.private_work_dir): gone afterwards however flwr run ends, a finished run's results read."""
-    import tempfile
-
     import flower_dp.experiments.flower_run as fr
     from flower_dp.experiments import gau_lrq
-
-    made = []
-    real_mkdtemp = tempfile.mkdtemp
-
-    def mkdtemp(*a, **kw):
-        made.append(Path(real_mkdtemp(*a, **kw)))
-        return str(made[-1])
 
     def fake_run_app(*a, work_dir, run_config, **kw):
         assert Path(run_config["lrq-secret-file"]).read_bytes() == b"s" * 32
@@ -132,7 +129,6 @@ def test_the_gau_lrq_work_folder_with_the_secret_is_removed_on_every_way_out(tmp
         Path(run_config["results-file"]).write_text('{"finished": true, "results": {"stop_reason": "completed"}}')
         return None
 
-    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.setattr(fr, "run_app", fake_run_app)
     kw = dict(inputs={}, num_rounds=1, secret=b"s" * 32, client_app=None, num_cpus=1, round_timeout_s=5.0)
     strategy = {"secret_file": None, "num_clients": 2, "key_dir": str(tmp_path / "keys")}

@@ -30,7 +30,7 @@ import torch
 
 from ..engine import STOP_FILE_ENV, RunHeader, RunProgress, SegmentPlan, run_segments, stop_requested
 from ..gossip import run_iteration
-from ..gossip.protocol import SegmentResult
+from ..gossip.protocol import LocalNodes, SegmentResult
 from ..models import resolve_device
 from ..privacy.parties import push_sum_eps_by_party_from_reports
 from ..recorder import SAMPLER_REFUSAL, RunRecorder, plan_summary, sampler_identity
@@ -160,7 +160,7 @@ def _progress(total: int, enabled: bool, desc: str):
 
 
 
-class InProcessBackend:
+class InProcessBackend(LocalNodes):
     """The in-process loop as a :class:`flower_dp.engine.SegmentBackend`: every node lives in this process and an
     iteration is :func:`flower_dp.gossip.run_iteration` over them (``receivers``: the topology's out-neighbours).
 
@@ -197,17 +197,6 @@ class InProcessBackend:
                 self.on_iteration()
         means = {key: float(np.nanmean(vals)) if vals else float("nan") for key, vals in seg_metrics.items()}
         return SegmentResult(int(k0), int(k1), bits, wall_time_s=time.perf_counter() - t0, means=means)
-
-    def network_average(self) -> torch.Tensor:
-        """Mean over nodes of ``eval_params()`` (float64 sum in node order, returned as float32)."""
-        flats = [n.eval_params().detach().to("cpu", torch.float64) for n in self.nodes]
-        return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
-
-    def privacy_reports(self) -> dict[int, dict[str, Any]]:
-        return {node.node_id: dict(node.privacy_report()) for node in self.nodes}
-
-    def state_dicts(self) -> dict[int, Any]:
-        return {i: node.state_dict() for i, node in enumerate(self.nodes)}
 
     def shutdown(self) -> None:
         """Nothing to release: the nodes stay with the caller (:attr:`RunResult.nodes`)."""

@@ -45,7 +45,7 @@ import torch
 from ..releases import node_metrics
 from ..rng import numpy_rng
 from .messages import Share
-from .protocol import SegmentResult
+from .protocol import LocalNodes, SegmentResult
 
 __all__ = ["NetworkModel", "AsyncPushSum", "AsyncSegments", "DELAY_DISTRIBUTIONS", "NETWORK_MODES",
            "COMPUTE_PURPOSE", "LINK_PURPOSE"]
@@ -485,11 +485,11 @@ class AsyncPushSum:
                 "mass_w": mass, "per_node": self.node_records()}
 
 
-class AsyncSegments:
+class AsyncSegments(LocalNodes):
     """:class:`AsyncPushSum` as a :class:`flower_dp.engine.SegmentBackend`: the nodes in this process, a segment
     ``k0 .. k1`` the virtual-time window ``(k0 step_time, k1 step_time]`` (``k`` counts nominal steps of a speed-1
     node); the segment that reaches :attr:`num_ticks` ends the run (:meth:`AsyncPushSum.finish`).  No checkpoint:
-    ``start`` refuses a restore."""
+    ``start`` refuses a restore.  The network average is over each node's model at its last mix."""
 
     def __init__(self, nodes: Sequence[Any], network: NetworkModel, *, seed: int,
                  max_steps: int | Sequence[int] | None = None,
@@ -523,17 +523,6 @@ class AsyncSegments:
                      steps_mean=float(steps.mean()))
         return SegmentResult(int(k0), int(k1), self.sim.bits_sent - bits0, wall_time_s=time.perf_counter() - t0,
                              means=means)
-
-    def network_average(self) -> torch.Tensor:
-        """Mean over nodes of ``eval_params()`` (each node's model at its last mix; float64 sum, float32 out)."""
-        flats = [n.eval_params().detach().to("cpu", torch.float64) for n in self.nodes]
-        return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
-
-    def privacy_reports(self) -> dict[int, dict[str, Any]]:
-        return {node.node_id: dict(node.privacy_report()) for node in self.nodes}
-
-    def state_dicts(self) -> dict[int, Any]:
-        return {i: node.state_dict() for i, node in enumerate(self.nodes)}
 
     def record(self) -> dict[str, Any]:
         return {**self.sim.record(), "checkpoints": False}

@@ -24,7 +24,7 @@ import numpy as np
 
 from .messages import IterationLog, Share, reduce_contributions
 
-__all__ = ["Phases", "run_protocol_iteration", "check_routing", "route_shares", "SegmentResult"]
+__all__ = ["Phases", "run_protocol_iteration", "check_routing", "route_shares", "SegmentResult", "LocalNodes"]
 
 
 class Phases(Protocol):
@@ -165,3 +165,23 @@ class SegmentResult:
                 for key, v in row.items():
                     vals.setdefault(key, []).append(float(v))
         return {k: float(np.nanmean(v)) if v else float("nan") for k, v in vals.items()}
+
+
+class LocalNodes:
+    """What a segment backend whose nodes all live in this process (``self.nodes``, in node order) answers the run
+    engine between segments: the network average, the privacy reports and the node states."""
+
+    nodes: list[Any]
+
+    def network_average(self) -> Any:
+        """Mean over nodes of ``eval_params()`` (float64 sum in node order, returned as float32)."""
+        import torch
+
+        flats = [n.eval_params().detach().to("cpu", torch.float64) for n in self.nodes]
+        return (torch.stack(flats).sum(0) / len(flats)).to(torch.float32)
+
+    def privacy_reports(self) -> dict[int, dict[str, Any]]:
+        return {node.node_id: dict(node.privacy_report()) for node in self.nodes}
+
+    def state_dicts(self) -> dict[int, Any]:
+        return {i: node.state_dict() for i, node in enumerate(self.nodes)}
