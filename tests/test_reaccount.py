@@ -132,7 +132,16 @@ def test_committed_gau_lrq_records_carry_every_partys_eps_of_their_own_settings(
                json.dumps(cfg, sort_keys=True))
         if key not in _SEEN:  # the seeds of a cell share their settings: computed once
             _SEEN[key] = gau_lrq_record_parties(r, cfg)
-        assert by == _SEEN[key], (folder, r["run_id"])
+        want = _SEEN[key]  # the PLD's FFT gives the same eps to ~1e-11 relative, not bit for bit, across processes
+        assert set(by) == set(want), (folder, r["run_id"])
+        for party, entry in want.items():
+            got = by[party]
+            assert set(got) == set(entry), (folder, r["run_id"], party)
+            for k, v in entry.items():
+                if isinstance(v, float) and isinstance(got[k], float):
+                    assert got[k] == pytest.approx(v, rel=1e-9), (folder, r["run_id"], party, k)
+                else:
+                    assert got[k] == v, (folder, r["run_id"], party, k)
         proven = isinstance(r.get("eps_rigorous"), float) and np.isfinite(r["eps_rigorous"])  # "inf": Local SGD
         if proven:
             assert by["model_observer"]["eps"] == pytest.approx(r["eps_rigorous"], rel=1e-9)

@@ -393,32 +393,39 @@ def _train_message(strategy, rnd: int = 1):
 
 @pytest.mark.parametrize("method", ["lrq", "gaussian", "qg", "bq", "none"])
 def test_gau_lrq_client_reply_is_the_encoded_update_only(flwr_identity, method):
-    """The mod's reply: the encoded update, its public metadata and the user's own metrics, untouched."""
+    """The mod's reply: the encoded update and its public metadata; the user's own metrics, untouched, only when the
+    server publishes them (a train_metrics_aggr_fn), else they stay on the client."""
+    from flwr.app import MetricRecord
+
     from flower_dp.clients.lrq_mod import META_KEY, PAYLOAD_KEY
     from lrq_keys import keyed_mod
     from flower_dp.mechanisms.gau_lrq_codec import lrq_public_range
     from flower_dp.strategies.gau_lrq import GauLRQ
 
-    s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, method=method,
-               secret=SECRET, stream_nonce="rel")
-    for debug in (False, True):
-        mod = keyed_mod(SECRET, debug_metrics=debug)
-        for m in _train_message(s):
-            ctx = Context(run_id=1, node_id=m.metadata.dst_node_id,
-                          node_config={"partition-id": m.metadata.dst_node_id - 100}, state=RecordDict(), run_config={})
-            r = mod(m, ctx, _user_train)
-            assert not r.has_error()
-            _fail_unknown(r.content.keys(), {"metrics", PAYLOAD_KEY, META_KEY}, "Gau-LRQ reply records")
-            _fail_unknown(r.content[PAYLOAD_KEY].keys(), LRQ_PAYLOAD, "Gau-LRQ payload arrays")
-            meta = dict(r.content[META_KEY])
-            _fail_unknown(meta, LRQ_META_NONE if method == "none" else LRQ_META, f"Gau-LRQ {method} metadata")
-            user = dict(r.content["metrics"])
-            if debug and method != "none":  # the opt-in adds the clean update's statistics, labelled gau-lrq.*
-                assert {"gau-lrq.norm", "gau-lrq.clipped", "gau-lrq.linf"} <= set(user)
-                user = {k: v for k, v in user.items() if not k.startswith("gau-lrq.")}
-            assert user == USER_METRICS  # nothing added (no partition-id either), nothing removed
-            if method == "qg":  # the bit width is LRQ's public one, from sigma and S2 only, never from the data
-                assert meta["b"] == lrq_public_range(s.round_spec(0))[1]
+    for publish in (False, True):
+        aggr = (lambda contents, key: MetricRecord({})) if publish else None
+        s = GauLRQ(num_clients=6, clients_per_round=2, clip=0.1, num_rounds=3, epsilon=20.0, method=method,
+                   secret=SECRET, stream_nonce="rel", train_metrics_aggr_fn=aggr)
+        for debug in (False, True):
+            mod = keyed_mod(SECRET, debug_metrics=debug)
+            for m in _train_message(s):
+                ctx = Context(run_id=1, node_id=m.metadata.dst_node_id,
+                              node_config={"partition-id": m.metadata.dst_node_id - 100}, state=RecordDict(),
+                              run_config={})
+                r = mod(m, ctx, _user_train)
+                assert not r.has_error()
+                _fail_unknown(r.content.keys(), {"metrics", PAYLOAD_KEY, META_KEY}, "Gau-LRQ reply records")
+                _fail_unknown(r.content[PAYLOAD_KEY].keys(), LRQ_PAYLOAD, "Gau-LRQ payload arrays")
+                meta = dict(r.content[META_KEY])
+                _fail_unknown(meta, LRQ_META_NONE if method == "none" else LRQ_META, f"Gau-LRQ {method} metadata")
+                user = dict(r.content["metrics"]) if "metrics" in r.content.keys() else {}
+                if debug and method != "none":  # the opt-in adds the clean update's statistics, labelled gau-lrq.*
+                    assert {"gau-lrq.norm", "gau-lrq.clipped", "gau-lrq.linf"} <= set(user)
+                    user = {k: v for k, v in user.items() if not k.startswith("gau-lrq.")}
+                # nothing added (no partition-id either), nothing changed; kept on the client unless published
+                assert user == (USER_METRICS if publish or method == "none" else {})
+                if method == "qg":  # the bit width is LRQ's public one, from sigma and S2 only, never from the data
+                    assert meta["b"] == lrq_public_range(s.round_spec(0))[1]
 
 
 def test_gau_lrq_results_publish_no_client_statistics(flwr_identity, tmp_path):

@@ -33,7 +33,12 @@ def test_jobs_two_gives_the_records_of_jobs_one(tmp_path):
     done_in = {s.run_id: float(m.group(1)) for s in specs for line in lines
                if s.run_id + ":" in line and (m := re.search(r"done in (\d+) s", line))}
     assert set(done_in) == {s.run_id for s in specs}
-    assert all(done_in[r["run_id"]] <= r["wall_time_s"] + 2.5 for r in parallel), (done_in, parallel)
+    # counted from queueing, the third run's time would hold a whole earlier run's (its wait for a worker) on top of
+    # its own build and training; its own time holds only the latter (build time grows with the machine's load)
+    third = parallel[2]
+    first_done = min(done_in[parallel[0]["run_id"]], done_in[parallel[1]["run_id"]])
+    assert done_in[third["run_id"]] < third["wall_time_s"] + first_done, (done_in, parallel)
+    assert all(done_in[r["run_id"]] >= r["wall_time_s"] - 1.0 for r in parallel), (done_in, parallel)
     for a, b in zip(serial, parallel):
         assert a["final_acc"] == b["final_acc"] and a["eps_rigorous"] == b["eps_rigorous"]
         assert [h["acc_avg"] for h in a["history"]] == [h["acc_avg"] for h in b["history"]]

@@ -96,13 +96,13 @@ AUTHORS_DIFFS: tuple[tuple[str, str, str, tuple[str, int, str], str], ...] = (
     ("evaluation", "not aligned",
      "fused_train.py:121-143 with tools/AveModelTest.py:23-36: the exact average of the shared part, each node's "
      "own head, the whole test set; the N accuracies averaged (e.all_reduce)",
-     ("flower_dp/experiments/runner.py", 293, "acc, loss = evaluate_params(eval_model, avg"),
-     "one network-average model, the heads averaged too (engine.py:359); run.eval_nodes adds each node's own "
+     ("flower_dp/experiments/runner.py", 300, "acc, loss = evaluate_params(eval_model, avg"),
+     "one network-average model, the heads averaged too (engine.py:365); run.eval_nodes adds each node's own "
      "shared part and head, not the exact average of the shared part"),
     ("when the final accuracy is taken", "not aligned",
      "fused_train.py:121-143 test before each epoch's training (the loop at :147), so the last value is after 11 "
      "of the 12 epochs",
-     ("flower_dp/engine.py", 359, "avg = backend.network_average()"),
+     ("flower_dp/engine.py", 365, "avg = backend.network_average()"),
      "after the last round (720)"),
     ("sync period", "not aligned",
      "fused_run.py:68: sync_period defaults to 4 (optimizer/PartialGP.py:76: all-to-all when (iter_cnt + 1) % 4 "
